@@ -1,0 +1,32 @@
+# Every target creates .venv on first use, so a fresh clone needs nothing else.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench figures clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test,bench]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m cluster.demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check cluster client tests bench
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+figures: $(STAMP)
+	$(BIN)/python -m bench.figures --out docs/figures
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
