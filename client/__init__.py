@@ -1,0 +1,1 @@
+"""Client side: SDK, fault-injecting proxy and chaos tools."""

@@ -1,0 +1,1 @@
+"""Idempotent distributed counters: pure data structures, node logic and transport."""
