@@ -1,0 +1,71 @@
+"""The node's error tree; each error knows its HTTP status, wire code and whether a retry helps.
+
+    ClusterError                       retriable?  status  code
+    +-- BadRequest                     no          400     bad_request / bad_op_id / bad_delta / ...
+    |   +-- BodyTooLarge               no          413     body_too_large
+    +-- OpExpired                      no          410     op_expired
+    +-- Unavailable                    yes         503     unavailable (quorum not met in time)
+    +-- PeerError                      yes         503     peer_error (a peer link failed)
+    +-- ConfigError (also ValueError)  no          -       bad configuration, names the field
+
+Errors raised below the transport boundary (OSError, msgpack errors) are translated once, in
+``cluster.peer`` and ``cluster.http_api``, with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+
+class ClusterError(Exception):
+    """Base of every error the node reports to a caller."""
+
+    status = 500
+    code = "internal"
+    retriable = False
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+    def to_dict(self) -> dict[str, dict[str, str]]:
+        return {"error": {"code": self.code, "message": self.message}}
+
+
+class BadRequest(ClusterError):
+    """Malformed input: the request was rejected whole, nothing was applied or logged."""
+
+    status = 400
+    code = "bad_request"
+
+
+class BodyTooLarge(BadRequest):
+    status = 413
+    code = "body_too_large"
+
+
+class OpExpired(ClusterError):
+    """The op is older than the window in which its retries can be recognised: outcome unknown."""
+
+    status = 410
+    code = "op_expired"
+
+
+class Unavailable(ClusterError):
+    """Too few replicas answered in time; the op may or may not be applied, a retry is safe."""
+
+    status = 503
+    code = "unavailable"
+    retriable = True
+
+
+class PeerError(Unavailable):
+    """A peer connection failed or answered with something unexpected."""
+
+    code = "peer_error"
+
+
+class ConfigError(ClusterError, ValueError):
+    """A configuration value is out of range; the message names the field."""
+
+    code = "bad_config"

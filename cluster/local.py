@@ -1,0 +1,170 @@
+"""A local cluster of real node processes on loopback: used by ``cluster up``, the demo,
+the benchmarks and the multi-process tests.
+
+Each node is ``python -m cluster.node`` with its own data directory; ``start`` waits for every
+``READY`` line with a deadline; ``stop`` sends SIGTERM and kills whatever outlives the timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Ports the OS just handed out for port 0 (held together, so they are distinct)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class NodeProcess:
+    def __init__(self, node_id: str, host: str, port: int, args: list[str], data_dir: Path,
+                 log_path: Path) -> None:
+        self.id, self.host, self.port = node_id, host, port
+        self.args = args
+        self.data_dir = data_dir
+        self.log_path = log_path
+        self.proc: asyncio.subprocess.Process | None = None
+        self._drain: asyncio.Task[None] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self, timeout: float = 20.0) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "cluster.node", *self.args,
+                stdout=asyncio.subprocess.PIPE, stderr=log, stdin=asyncio.subprocess.DEVNULL,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                line = await asyncio.wait_for(self.proc.stdout.readline(), max(left, 0.01))
+            except TimeoutError:
+                await self.kill()
+                raise RuntimeError(f"{self.id}: no READY within {timeout}s; see {self.log_path}")
+            if not line:
+                code = await self.proc.wait()
+                raise RuntimeError(f"{self.id} exited with {code} before READY; "
+                                   f"see {self.log_path}")
+            if line.startswith(b"READY "):
+                break
+        self._drain = asyncio.create_task(self._drain_stdout())
+
+    async def _drain_stdout(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        while await self.proc.stdout.readline():
+            pass
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM, then SIGKILL after ``timeout``; the exit status."""
+        if self.proc is None:
+            return None
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout)
+            except TimeoutError:
+                return await self.kill()
+        await self._finish()
+        return self.proc.returncode
+
+    async def kill(self) -> int | None:
+        """kill -9: no drain, no flush."""
+        if self.proc is None:
+            return None
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            await self.proc.wait()
+        await self._finish()
+        return self.proc.returncode
+
+    async def _finish(self) -> None:
+        if self._drain is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(self._drain, 2.0)
+            self._drain = None
+
+
+class LocalCluster:
+    """N node processes with ids n1..nN on consecutive or free loopback ports."""
+
+    def __init__(self, nodes: int = 3, *, rf: int = 3, base_port: int | None = None,
+                 data_dir: str | os.PathLike[str] | None = None, host: str = "127.0.0.1",
+                 extra_args: Sequence[str] = (), node_args: dict[str, Sequence[str]] | None = None
+                 ) -> None:
+        self._own_dir = data_dir is None
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="idemcount-"))
+        ports = ([base_port + i for i in range(nodes)] if base_port else free_ports(nodes, host))
+        ids = [f"n{i + 1}" for i in range(nodes)]
+        peers = ",".join(f"{i}={host}:{p}" for i, p in zip(ids, ports, strict=True))
+        self.nodes: dict[str, NodeProcess] = {}
+        for node_id, port in zip(ids, ports, strict=True):
+            args = ["--id", node_id, "--listen", f"{host}:{port}", "--peers", peers,
+                    "--data-dir", str(self.data_dir / node_id), "--rf", str(min(rf, nodes)),
+                    *extra_args, *(node_args or {}).get(node_id, ())]
+            self.nodes[node_id] = NodeProcess(node_id, host, port, args, self.data_dir / node_id,
+                                              self.data_dir / f"{node_id}.log")
+
+    @property
+    def urls(self) -> list[str]:
+        return [n.url for n in self.nodes.values()]
+
+    async def start(self, timeout: float = 30.0) -> None:
+        try:
+            await asyncio.gather(*(n.start(timeout) for n in self.nodes.values()))
+        except BaseException:
+            await self.abort()
+            raise
+
+    async def stop(self, timeout: float = 10.0) -> dict[str, int | None]:
+        codes = await asyncio.gather(*(n.stop(timeout) for n in self.nodes.values()))
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+        return dict(zip(self.nodes, codes, strict=True))
+
+    async def abort(self) -> None:
+        await asyncio.gather(*(n.kill() for n in self.nodes.values()), return_exceptions=True)
+
+    async def __aenter__(self) -> LocalCluster:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        try:
+            await self.stop()
+        finally:
+            await self.abort()

@@ -1,0 +1,383 @@
+"""Node logic: coordinate, lead, apply, log, replicate, wait for a quorum; reads with repair.
+
+The write path of DESIGN.md, batch-shaped end to end: a coordinator groups ops by leader and
+sends each leader one FORWARD frame; a leader checks each op id in its table's dedup, raises its
+own shard pair, appends the batch to the durable log (one group-commit fsync) while replicating
+it to the other replicas in one REPLICATE frame each, and answers when W durable copies exist
+(its own log counts as one). A replica inserts the op id into its own dedup (this is how dedup
+state is synchronised), merges the pair by max, logs it, and acks.
+
+Run as ``python -m cluster.node``; the CLI lives in ``cluster.cli``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from cluster.config import NodeConfig
+from cluster.errors import Unavailable
+from cluster.metrics import NodeMetrics
+from cluster.peer import PeerLink
+from cluster.ring import Ring
+from cluster.shards import CounterEntry
+from cluster.state import NodeState
+from cluster.wal import DurableLog, LogRecord, RecordKind
+from cluster.wire import Kind, Status
+
+log = logging.getLogger("cluster.node")
+
+# A client op after validation: (table, key, op_id, delta, attempt)
+Op = tuple[str, str, str, int, int]
+
+APPLY = int(RecordKind.APPLY)
+REPLICA = int(RecordKind.REPLICA)
+_APPLIED, _DUPLICATE, _UNAVAILABLE = int(Status.APPLIED), int(Status.DUPLICATE), int(
+    Status.UNAVAILABLE)
+
+
+def quorum_future(futures: Sequence[asyncio.Future[Any]], need: int,
+                  timeout: float) -> asyncio.Future[bool]:
+    """Resolves True once ``need`` of ``futures`` succeed, False when that became impossible
+    or ``timeout`` passed. Callbacks, not ``asyncio.wait``: no task per wait on the hot path."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[bool] = loop.create_future()
+    if need <= 0:
+        done.set_result(True)
+        return done
+    state = [0, 0]  # successes, failures
+    total = len(futures)
+
+    def on_done(f: asyncio.Future[Any]) -> None:
+        if done.done():
+            if not f.cancelled():
+                f.exception()  # consume it: a late failure is expected, not an error
+            return
+        if f.cancelled() or f.exception() is not None:
+            state[1] += 1
+        else:
+            state[0] += 1
+        if state[0] >= need:
+            done.set_result(True)
+            timer.cancel()
+        elif state[1] > total - need:
+            done.set_result(False)
+            timer.cancel()
+
+    def on_timeout() -> None:
+        if not done.done():
+            done.set_result(False)
+
+    timer = loop.call_later(timeout, on_timeout)
+    for f in futures:
+        f.add_done_callback(on_done)
+    return done
+
+
+class Node:
+    """One cluster member: owns the log, the peer links and the state; the HTTP layer calls it."""
+
+    def __init__(self, config: NodeConfig, *, clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.id = config.node_id
+        self.clock = clock
+        self.ring = Ring([p[0] for p in config.peers], vnodes=config.vnodes, rf=config.rf)
+        self.state = NodeState(config, clock=clock)
+        self.log = DurableLog(config.data_dir, fsync=config.fsync)
+        self.links: dict[str, PeerLink] = {
+            pid: PeerLink(self.id, pid, host, port, connect_timeout=config.peer_connect_timeout)
+            for pid, host, port in config.peers if pid != self.id
+        }
+        self.metrics = NodeMetrics()
+        self._inflight: dict[str, asyncio.Future[bool]] = {}
+        self.is_live: Callable[[str], bool] = self._is_live
+
+    def _is_live(self, node_id: str) -> bool:
+        """Liveness predicate for leader choice; failure detection (issue 4) replaces it."""
+        return node_id == self.id or self.links[node_id].maybe_live()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def recover(self) -> int:
+        """Open the log, load the snapshot, replay the log; returns the records replayed."""
+        await self.log.start()
+        blob = self.log.load_snapshot()
+        if blob is not None:
+            self.state.load_blob(blob)
+        count = 0
+        replay = self.state.replay
+        for rec in self.log.replay():
+            if rec.kind in (APPLY, REPLICA):
+                replay(rec.op_id, rec.table, rec.key, rec.origin, rec.p, rec.n, rec.ts)
+                count += 1
+        self.metrics.replayed = count
+        return count
+
+    async def close(self) -> None:
+        for link in self.links.values():
+            await link.stop()
+        await self.log.stop()
+
+    def abort(self) -> None:
+        for link in self.links.values():
+            link.abort()
+        self.log.abort()
+
+    def health(self) -> dict[str, Any]:
+        state = self.state
+        return {
+            "node": self.id,
+            "status": "ok",
+            "members": list(self.ring.members),
+            "rf": self.ring.rf,
+            "write_quorum": self.config.quorum,
+            "window_s": min([d.window for d in state.dedups.values()] or [self.config.window]),
+            "dedup": {"default": self.config.dedup, **dict(self.config.dedup_tables)},
+            "tables": {t: {"strategy": d.name, "window_s": d.window,
+                           "estimated_fpp": d.estimated_fpp()}
+                       for t, d in state.dedups.items()},
+            "peers": {pid: link.connected for pid, link in self.links.items()},
+            "counters": state.shards.keys,
+        }
+
+    # -- coordinator -----------------------------------------------------------------------
+
+    async def submit(self, ops: Sequence[Op]) -> list[int]:
+        """Route every op to its leader (one FORWARD frame per leader); statuses in op order."""
+        me = self.id
+        if len(ops) == 1:
+            leader = self.ring.leader(ops[0][0], ops[0][1], self.is_live)
+            if leader == me:
+                return await self.lead(ops)
+            return await self._forward(leader, list(ops))
+        groups: dict[str | None, list[int]] = {}
+        leader_of = self.ring.leader
+        is_live = self.is_live
+        for i, op in enumerate(ops):
+            leader = leader_of(op[0], op[1], is_live)
+            idx = groups.get(leader)
+            if idx is None:
+                groups[leader] = [i]
+            else:
+                idx.append(i)
+        out = [_UNAVAILABLE] * len(ops)
+        waits = []
+        for leader, idx in groups.items():
+            sub = [ops[i] for i in idx]
+            waits.append(self.lead(sub) if leader == me else self._forward(leader, sub))
+        for idx, statuses in zip(groups.values(), await asyncio.gather(*waits), strict=True):
+            for i, s in zip(idx, statuses, strict=True):
+                out[i] = s
+        return out
+
+    async def _forward(self, leader: str | None, ops: list[Op]) -> list[int]:
+        if leader is None:
+            return [_UNAVAILABLE] * len(ops)
+        self.metrics.forwarded += len(ops)
+        fut = self.links[leader].call(Kind.FORWARD, ops)
+        try:
+            statuses = await asyncio.wait_for(fut, self.config.quorum_timeout * 1.5)
+        except (TimeoutError, Unavailable) as exc:
+            log.warning("forward to %s failed: %r", leader, exc)
+            return [_UNAVAILABLE] * len(ops)
+        if len(statuses) != len(ops):
+            return [_UNAVAILABLE] * len(ops)
+        return statuses
+
+    # -- leader ----------------------------------------------------------------------------
+
+    async def lead(self, ops: Sequence[Op]) -> list[int]:
+        """Dedup, apply, log and replicate a batch this node leads; statuses in op order."""
+        statuses, records, groups, dup_waits = self._apply_batch(ops)
+        if records:
+            own = self.log.append_nowait(records)
+            waits = [self._replicate(targets, items, own) for targets, items in groups.items()]
+            results = await asyncio.gather(*waits)
+            ok_by_group = dict(zip(groups, results, strict=True))
+            self._settle(ops, statuses, ok_by_group)
+        for i, fut in dup_waits:
+            if not await fut:
+                statuses[i] = _UNAVAILABLE
+        return statuses
+
+    def _apply_batch(self, ops: Sequence[Op]) -> tuple[
+            list[int], list[LogRecord], dict[tuple[str, ...], list[list[Any]]],
+            list[tuple[int, asyncio.Future[bool]]]]:
+        """The synchronous part: no await between the dedup check and the apply."""
+        state, me, now = self.state, self.id, self.clock()
+        apply_local = state.shards.apply_local
+        prefs_of = self.ring.preference_list
+        inflight = self._inflight
+        statuses: list[int] = []
+        records: list[LogRecord] = []
+        groups: dict[tuple[str, ...], list[list[Any]]] = {}
+        dup_waits: list[tuple[int, asyncio.Future[bool]]] = []
+        for table, key, op_id, delta, _attempt in ops:
+            dedup = state.dedups.get(table) or state.dedup(table)
+            if dedup.seen_or_add(op_id.encode()):
+                pending = inflight.get(op_id)
+                if pending is not None:
+                    dup_waits.append((len(statuses), pending))
+                statuses.append(_DUPLICATE)
+                continue
+            p, n = apply_local(table, key, delta)
+            statuses.append(_APPLIED)
+            records.append(LogRecord(APPLY, op_id, table, key, delta, me, p, n, now))
+            targets = tuple(t for t in prefs_of(table, key) if t != me)
+            item = [op_id, table, key, me, p, n, delta, now]
+            group = groups.get(targets)
+            if group is None:
+                groups[targets] = [item]
+            else:
+                group.append(item)
+        self.metrics.duplicates += len(ops) - len(records)
+        return statuses, records, groups, dup_waits
+
+    async def _replicate(self, targets: tuple[str, ...], items: list[list[Any]],
+                         own: asyncio.Future[None]) -> bool:
+        futures: list[asyncio.Future[Any]] = [own]
+        futures += [self.links[t].call(Kind.REPLICATE, items) for t in targets]
+        self.metrics.replicated_out += len(items) * len(targets)
+        done = quorum_future(futures, self.config.quorum, self.config.quorum_timeout)
+        for op in items:
+            self._inflight[op[0]] = done
+        try:
+            return await done
+        finally:
+            for op in items:
+                self._inflight.pop(op[0], None)
+
+    def _settle(self, ops: Sequence[Op], statuses: list[int],
+                ok_by_group: dict[tuple[str, ...], bool]) -> None:
+        if all(ok_by_group.values()):
+            self.metrics.applied += sum(1 for s in statuses if s == _APPLIED)
+            return
+        failed = {op_id for targets, ok in ok_by_group.items() if not ok
+                  for op_id in self._group_ids(targets, ops)}
+        for i, op in enumerate(ops):
+            if statuses[i] == _APPLIED:
+                if op[2] in failed:
+                    statuses[i] = _UNAVAILABLE
+                    self.metrics.unavailable += 1
+                else:
+                    self.metrics.applied += 1
+
+    def _group_ids(self, targets: tuple[str, ...], ops: Sequence[Op]) -> Iterable[str]:
+        me = self.id
+        for table, key, op_id, _, _ in ops:
+            if tuple(t for t in self.ring.preference_list(table, key) if t != me) == targets:
+                yield op_id
+
+    # -- replica ---------------------------------------------------------------------------
+
+    def on_replicate(self, items: list[list[Any]]) -> asyncio.Future[None]:
+        state = self.state
+        merge = state.shards.merge_pair
+        records = []
+        for op_id, table, key, origin, p, n, delta, ts in items:
+            dedup = state.dedups.get(table) or state.dedup(table)
+            dedup.seen_or_add(op_id.encode())
+            merge(table, key, origin, p, n)
+            records.append(LogRecord(REPLICA, op_id, table, key, delta, origin, p, n, ts))
+        self.metrics.replicated_in += len(items)
+        return self.log.append_nowait(records)
+
+    def on_repair(self, items: list[list[Any]]) -> asyncio.Future[None]:
+        records = []
+        now = self.clock()
+        merge = self.state.shards.merge_pair
+        for table, key, wire_entry in items:
+            for origin, (p, n) in CounterEntry.from_wire(wire_entry).pairs.items():
+                if merge(table, key, origin, p, n):
+                    records.append(LogRecord(REPLICA, "", table, key, 0, origin, p, n, now))
+        self.metrics.repairs_in += len(records)
+        return self.log.append_nowait(records)
+
+    def on_read(self, items: list[list[str]]) -> list[dict[str, list[int]]]:
+        entry = self.state.shards.entry
+        return [entry(table, key).to_wire() for table, key in items]
+
+    def handle_peer(self, peer_id: str, kind: int, body: Any) -> Any:
+        """Dispatch one inbound peer frame (the ``PeerProtocol`` handler)."""
+        if kind == Kind.REPLICATE:
+            return _ack(self.on_replicate(body))
+        if kind == Kind.FORWARD:
+            return self.lead(body)
+        if kind == Kind.READ:
+            return self.on_read(body)
+        if kind == Kind.REPAIR:
+            return _ack(self.on_repair(body))
+        raise ValueError(f"unknown peer frame kind {kind}")
+
+    # -- reads -----------------------------------------------------------------------------
+
+    async def read(self, table: str, key: str, consistency: str) -> int:
+        """Merge the entries of ``consistency`` many replicas; repair the stale ones seen."""
+        prefs = self.ring.preference_list(table, key)
+        need = {"one": 1, "quorum": self.config.read_quorum, "all": len(prefs)}[consistency]
+        order = sorted(prefs, key=lambda n: (n != self.id, not self.is_live(n)))
+        answers: dict[str, CounterEntry] = {}
+        tried = 0
+        while len(answers) < need and tried < len(order):
+            batch = order[tried : tried + need - len(answers)]
+            tried += len(batch)
+            answers.update(await self._read_from(table, key, batch))
+        if len(answers) < need:
+            self.metrics.unavailable += 1
+            raise Unavailable(f"{len(answers)} of {need} replicas answered the read")
+        merged = CounterEntry()
+        for entry in answers.values():
+            merged = merged.merge(entry)
+        stale = [n for n, e in answers.items() if not e.dominates(merged)]
+        if stale:
+            self._repair(table, key, merged, stale)
+        return merged.value()
+
+    async def _read_from(self, table: str, key: str,
+                         names: list[str]) -> dict[str, CounterEntry]:
+        out: dict[str, CounterEntry] = {}
+        futs: dict[str, asyncio.Future[Any]] = {}
+        for name in names:
+            if name == self.id:
+                out[name] = self.state.shards.entry(table, key)
+            else:
+                futs[name] = self.links[name].call(Kind.READ, [[table, key]])
+        if futs:
+            await asyncio.wait(futs.values(), timeout=self.config.quorum_timeout)
+            for name, fut in futs.items():
+                if not fut.done():
+                    fut.cancel()
+                elif fut.exception() is None:
+                    out[name] = CounterEntry.from_wire(fut.result()[0])
+        return out
+
+    def _repair(self, table: str, key: str, merged: CounterEntry, stale: list[str]) -> None:
+        self.metrics.repairs_out += len(stale)
+        wire_entry = merged.to_wire()
+        for name in stale:
+            if name == self.id:
+                self.on_repair([[table, key, wire_entry]])
+            else:
+                fut = self.links[name].call(Kind.REPAIR, [[table, key, wire_entry]])
+                fut.add_done_callback(_consume)
+
+
+def _consume(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+async def _ack(fut: asyncio.Future[None]) -> bool:
+    await fut
+    return True
+
+
+if __name__ == "__main__":
+    import sys
+
+    from cluster.cli import main
+
+    sys.exit(main())

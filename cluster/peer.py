@@ -1,0 +1,303 @@
+"""Persistent, batched peer connections: one outbound link per peer, many ops per frame.
+
+Callers ask a ``PeerLink`` for ``call(kind, items)``; every call made in the same event-loop turn
+to the same peer and kind is coalesced into one frame, so a hundred concurrent single-op HTTP
+requests cost one frame, not a hundred. Replies are sliced back to their callers.
+Inbound connections arrive on the node's HTTP port and are told apart by ``wire.MAGIC``
+(``PortMux``), so a node needs one address only, as ``--peers`` lists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from cluster.errors import PeerError
+from cluster.wire import MAGIC, PROTOCOL_VERSION, FrameDecoder, Kind, encode_frame
+
+log = logging.getLogger("cluster.peer")
+
+Handler = Callable[[str, int, Any], Any]  # (peer id, kind, body) -> reply or awaitable reply
+Waiter = tuple[int, int, "asyncio.Future[Any]"]
+
+
+class PeerProtocol(asyncio.Protocol):
+    """Frames in both directions: requests go to ``handler``, replies resolve ``on_reply``."""
+
+    def __init__(self, handler: Handler | None, on_reply: Callable[[int, int, Any], None] | None,
+                 on_lost: Callable[[Exception | None], None] | None = None) -> None:
+        self.handler = handler
+        self.on_reply = on_reply
+        self.on_lost = on_lost
+        self.peer_id = "?"
+        self.transport: asyncio.Transport | None = None
+        self._decoder = FrameDecoder()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self._decoder.feed(data)
+        except PeerError as exc:
+            log.warning("closing peer connection from %s: %s", self.peer_id, exc)
+            if self.transport is not None:
+                self.transport.close()
+            return
+        for kind, req_id, body in frames:
+            if kind >= Kind.REPLY:
+                if self.on_reply is not None:
+                    self.on_reply(kind, req_id, body)
+            elif kind == Kind.HELLO:
+                self.peer_id = str(body.get("node", "?")) if isinstance(body, dict) else "?"
+            elif self.handler is not None:
+                self._dispatch(kind, req_id, body)
+
+    def _dispatch(self, kind: int, req_id: int, body: Any) -> None:
+        try:
+            result = self.handler(self.peer_id, kind, body)  # type: ignore[misc]
+        except Exception as exc:  # a bad request must not take the connection down
+            self._reply_error(req_id, exc)
+            return
+        if isinstance(result, Awaitable):
+            task = asyncio.ensure_future(self._finish(req_id, result))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        else:
+            self.send(encode_frame(Kind.REPLY, req_id, result))
+
+    async def _finish(self, req_id: int, pending: Awaitable[Any]) -> None:
+        try:
+            result = await pending
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._reply_error(req_id, exc)
+            return
+        self.send(encode_frame(Kind.REPLY, req_id, result))
+
+    def _reply_error(self, req_id: int, exc: Exception) -> None:
+        log.warning("peer request from %s failed: %r", self.peer_id, exc)
+        self.send(encode_frame(Kind.ERROR, req_id, f"{type(exc).__name__}: {exc}"))
+
+    def send(self, frame: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(frame)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        for task in list(self._tasks):
+            task.cancel()
+        if self.on_lost is not None:
+            self.on_lost(exc)
+
+
+class _Batch:
+    __slots__ = ("items", "waiters")
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+        self.waiters: list[Waiter] = []
+
+
+class PeerLink:
+    """Outbound connection to one peer, connected lazily and again after a loss."""
+
+    def __init__(self, own_id: str, peer_id: str, host: str, port: int, *,
+                 connect_timeout: float = 1.0, retry_interval: float = 0.2) -> None:
+        self.own_id, self.peer_id, self.host, self.port = own_id, peer_id, host, port
+        self.connect_timeout = connect_timeout
+        self.retry_interval = retry_interval
+        self._proto: PeerProtocol | None = None
+        self._connecting: asyncio.Task[None] | None = None
+        self._last_failure = 0.0
+        self._pending: dict[int, _Batch] = {}
+        self._flush_scheduled = False
+        self._inflight: dict[int, tuple[list[Waiter], float]] = {}
+        self._ids = itertools.count(1)
+        self._closed = False
+        self.frames_sent = 0
+        self.items_sent = 0
+        self.bytes_sent = 0
+
+    @property
+    def connected(self) -> bool:
+        return self._proto is not None
+
+    def maybe_live(self) -> bool:
+        """Connected, or not known to have failed within the last retry interval."""
+        return self._proto is not None or (
+            time.monotonic() - self._last_failure >= self.retry_interval
+        )
+
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight) + sum(len(b.items) for b in self._pending.values())
+
+    def call(self, kind: int, items: list[Any]) -> asyncio.Future[Any]:
+        """Queue ``items`` for the next frame of ``kind``; the future gets this call's replies."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        if self._closed:
+            fut.set_exception(PeerError(f"link to {self.peer_id} is closed"))
+            return fut
+        if self._proto is None:
+            if not self.maybe_live() and self._connecting is None:
+                fut.set_exception(PeerError(f"peer {self.peer_id} is unreachable"))
+                return fut
+            self._ensure_connecting()
+        batch = self._pending.get(kind)
+        if batch is None:
+            batch = self._pending[kind] = _Batch()
+        batch.waiters.append((len(batch.items), len(items), fut))
+        batch.items.extend(items)
+        if not self._flush_scheduled and self._proto is not None:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
+        return fut
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        proto = self._proto
+        if proto is None or proto.transport is None or not self._pending:
+            return
+        now = time.monotonic()
+        frames = []
+        for kind, batch in self._pending.items():
+            req_id = next(self._ids)
+            frame = encode_frame(kind, req_id, batch.items)
+            self._inflight[req_id] = (batch.waiters, now)
+            frames.append(frame)
+            self.items_sent += len(batch.items)
+            self.bytes_sent += len(frame)
+        self.frames_sent += len(frames)
+        self._pending.clear()
+        proto.transport.writelines(frames)
+
+    def _on_reply(self, kind: int, req_id: int, body: Any) -> None:
+        entry = self._inflight.pop(req_id, None)
+        if entry is None:
+            return
+        waiters = entry[0]
+        if kind == Kind.ERROR:
+            err = PeerError(f"peer {self.peer_id}: {body}")
+            for _, _, fut in waiters:
+                if not fut.done():
+                    fut.set_exception(err)
+            return
+        sliced = isinstance(body, list)
+        for start, count, fut in waiters:
+            if not fut.done():
+                fut.set_result(body[start : start + count] if sliced else body)
+
+    def _ensure_connecting(self) -> None:
+        if self._connecting is None and not self._closed:
+            self._connecting = asyncio.ensure_future(self._connect())
+
+    async def _connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            _, proto = await asyncio.wait_for(
+                loop.create_connection(
+                    lambda: PeerProtocol(None, self._on_reply, self._on_lost), self.host, self.port
+                ),
+                self.connect_timeout,
+            )
+        except (TimeoutError, OSError) as exc:
+            self._last_failure = time.monotonic()
+            self._fail_all(PeerError(f"cannot connect to peer {self.peer_id}: {exc!r}"))
+            return
+        finally:
+            self._connecting = None
+        proto.peer_id = self.peer_id
+        proto.send(MAGIC + encode_frame(Kind.HELLO, 0, {"node": self.own_id,
+                                                         "version": PROTOCOL_VERSION}))
+        self._proto = proto
+        if self._pending and not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
+
+    def _on_lost(self, exc: Exception | None) -> None:
+        self._proto = None
+        self._last_failure = time.monotonic()
+        self._fail_all(PeerError(f"connection to peer {self.peer_id} lost: {exc!r}"))
+
+    def _fail_all(self, err: PeerError) -> None:
+        waiters = [w for batch in self._pending.values() for w in batch.waiters]
+        waiters += [w for ws, _ in self._inflight.values() for w in ws]
+        self._pending.clear()
+        self._inflight.clear()
+        for _, _, fut in waiters:
+            if not fut.done():
+                fut.set_exception(err)
+                fut.exception()  # a caller that already gave up must not leave it unretrieved
+
+    def sweep(self, max_age: float) -> None:
+        """Forget requests whose callers all gave up and that the peer never answered."""
+        cutoff = time.monotonic() - max_age
+        for req_id, (waiters, sent) in list(self._inflight.items()):
+            if sent < cutoff and all(f.done() for _, _, f in waiters):
+                del self._inflight[req_id]
+
+    async def stop(self) -> None:
+        self.abort()
+        await asyncio.sleep(0)
+
+    def abort(self) -> None:
+        self._closed = True
+        if self._connecting is not None:
+            self._connecting.cancel()
+        if self._proto is not None and self._proto.transport is not None:
+            self._proto.transport.close()
+        self._fail_all(PeerError(f"link to {self.peer_id} closed"))
+
+
+class PortMux(asyncio.Protocol):
+    """First bytes decide: ``MAGIC`` makes a peer connection, anything else goes to HTTP."""
+
+    def __init__(self, http_factory: Callable[[], asyncio.Protocol], peer_handler: Handler,
+                 peers: set[asyncio.Protocol]) -> None:
+        self._http_factory = http_factory
+        self._peer_handler = peer_handler
+        self._peers = peers
+        self._transport: asyncio.Transport | None = None
+        self._buf = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        buf = self._buf
+        if len(buf) < len(MAGIC) and MAGIC.startswith(buf):
+            return  # not enough bytes to tell yet
+        assert self._transport is not None
+        new: asyncio.Protocol
+        if buf.startswith(MAGIC):
+            peer = PeerProtocol(self._peer_handler, None)
+            peer.on_lost = lambda _exc: self._peers.discard(peer)
+            self._peers.add(peer)
+            new, rest = peer, buf[len(MAGIC):]
+        else:
+            new, rest = self._http_factory(), buf
+        self._transport.set_protocol(new)
+        new.connection_made(self._transport)
+        if rest:
+            new.data_received(rest)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+
+
+def close_all(protocols: set[asyncio.Protocol]) -> None:
+    for proto in list(protocols):
+        transport = getattr(proto, "transport", None)
+        if transport is not None:
+            with contextlib.suppress(Exception):
+                transport.close()

@@ -1,0 +1,150 @@
+"""A running node process: recover, listen (HTTP and peers on one port), serve, drain on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import time
+from typing import Any, TextIO
+
+from aiohttp import web
+
+from cluster.config import NodeConfig
+from cluster.http_api import make_app
+from cluster.node import Node
+from cluster.peer import PortMux, close_all
+
+log = logging.getLogger("cluster.server")
+
+
+class NodeServer:
+    """Owns the node, its listening socket and its background tasks (an async context manager)."""
+
+    def __init__(self, config: NodeConfig, *, ready_stream: TextIO | None = None) -> None:
+        self.config = config
+        self.node = Node(config)
+        self.ready_stream = ready_stream
+        self.address: tuple[str, int] | None = None
+        self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
+        self._inbound: set[asyncio.Protocol] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = asyncio.Event()
+
+    async def __aenter__(self) -> NodeServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        started = time.monotonic()
+        replayed = await self.node.recover()
+        self._runner = web.AppRunner(make_app(self.node), handle_signals=False, access_log=None,
+                                     shutdown_timeout=self.config.drain_timeout)
+        await self._runner.setup()
+        http_factory = self._runner.server
+        assert http_factory is not None
+        loop = asyncio.get_running_loop()
+        host, port = self.config.listen
+        self._server = await loop.create_server(
+            lambda: PortMux(http_factory, self.node.handle_peer, self._inbound),
+            host, port, reuse_address=True, backlog=2048,
+        )
+        sockname = self._server.sockets[0].getsockname()
+        self.address = (host, sockname[1])
+        self._tasks = [asyncio.create_task(self._snapshot_loop(), name="snapshots"),
+                       asyncio.create_task(self._sweep_loop(), name="sweep")]
+        log.info("node ready", extra={"fields": {
+            "node": self.node.id, "address": f"{host}:{sockname[1]}", "replayed": replayed,
+            "counters": self.node.state.shards.keys,
+            "recovery_s": round(time.monotonic() - started, 3)}})
+        if self.ready_stream is not None:
+            self.ready_stream.write(f"READY {self.node.id} {host}:{sockname[1]}\n")
+            self.ready_stream.flush()
+
+    async def _snapshot_loop(self) -> None:
+        cfg = self.config
+        last = self.node.log.stats().bytes_appended
+        last_at = time.monotonic()
+        while True:
+            await asyncio.sleep(min(1.0, cfg.snapshot_interval))
+            grown = self.node.log.stats().bytes_appended - last
+            due = time.monotonic() - last_at >= cfg.snapshot_interval
+            if grown >= cfg.snapshot_log_bytes or (due and grown > 0):
+                await self.snapshot()
+                last = self.node.log.stats().bytes_appended
+                last_at = time.monotonic()
+
+    async def snapshot(self) -> None:
+        started = time.perf_counter()
+        await self.node.log.write_snapshot(self.node.state.make_blob)
+        self.node.metrics.snapshots += 1
+        log.info("snapshot written", extra={"fields": {
+            "seconds": round(time.perf_counter() - started, 3),
+            "counters": self.node.state.shards.keys}})
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            for link in self.node.links.values():
+                link.sweep(max_age=4 * self.config.quorum_timeout)
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    async def serve_until_signal(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        await self._stopping.wait()
+        log.info("stopping: draining in-flight requests")
+
+    async def stop(self) -> None:
+        """Stop accepting, let in-flight requests finish (drain_timeout), flush the log, close."""
+        if self._server is not None:
+            self._server.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        close_all(self._inbound)
+        await self.node.close()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+
+    def abort(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in self._tasks:
+            task.cancel()
+        close_all(self._inbound)
+        self.node.abort()
+
+
+def run(config: NodeConfig) -> int:
+    """Run a node until SIGTERM/SIGINT; the exit status."""
+
+    async def main() -> None:
+        server = NodeServer(config, ready_stream=sys.stdout)
+        await server.start()
+        try:
+            await server.serve_until_signal()
+        finally:
+            await server.stop()
+
+    try:
+        import uvloop
+
+        uvloop.run(main())
+    except ImportError:  # pragma: no cover - uvloop is a dependency on every supported OS
+        asyncio.run(main())
+    return 0

@@ -1,0 +1,203 @@
+"""Counter state as per-origin shards: a PN-counter of G-counters (DESIGN "Counter state").
+
+Each replica keeps, per (table, key), one ``(P, N)`` pair per origin node. A node only raises its
+own pair; pairs learned from peers merge by element-wise max, so re-delivering or replaying
+state never counts twice. The value is ``sum(P) - sum(N)``. Pure: no I/O, no clock.
+
+``CounterEntry`` is the full state of one key (reads, repairs, tests of the merge laws);
+``ShardStore`` holds many keys compactly: one flat list ``[P0, N0, P1, N1, ...]`` per key,
+indexed by a per-store origin number, which costs far less memory than a dict per key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import msgpack
+
+Pair = tuple[int, int]
+
+
+class CounterEntry:
+    """Mapping origin -> (P, N) for one key; immutable once built, ``merge`` returns a new one."""
+
+    __slots__ = ("_pn",)
+
+    def __init__(self, pn: Mapping[str, Pair] | None = None) -> None:
+        clean: dict[str, Pair] = {}
+        for origin, (p, n) in (pn or {}).items():
+            if p < 0 or n < 0:
+                raise ValueError(f"P and N must be >= 0, got {origin}=({p}, {n})")
+            if p or n:
+                clean[origin] = (int(p), int(n))
+        self._pn = clean
+
+    @property
+    def pairs(self) -> Mapping[str, Pair]:
+        return self._pn
+
+    def merge(self, other: CounterEntry) -> CounterEntry:
+        """Element-wise max per origin: commutative, associative, idempotent."""
+        out = dict(self._pn)
+        for origin, (p, n) in other._pn.items():
+            mine = out.get(origin)
+            out[origin] = (p, n) if mine is None else (max(mine[0], p), max(mine[1], n))
+        entry = CounterEntry()
+        entry._pn = out
+        return entry
+
+    def value(self) -> int:
+        return sum(p for p, _ in self._pn.values()) - sum(n for _, n in self._pn.values())
+
+    def dominates(self, other: CounterEntry) -> bool:
+        """True when merging ``other`` into self would change nothing."""
+        for origin, (p, n) in other._pn.items():
+            mine = self._pn.get(origin, (0, 0))
+            if p > mine[0] or n > mine[1]:
+                return False
+        return True
+
+    def to_wire(self) -> dict[str, list[int]]:
+        return {origin: [p, n] for origin, (p, n) in self._pn.items()}
+
+    @classmethod
+    def from_wire(cls, data: object) -> CounterEntry:
+        if not isinstance(data, dict):
+            raise ValueError(f"a counter entry maps origin -> [P, N], not {type(data).__name__}")
+        pn: dict[str, Pair] = {}
+        for origin, pair in data.items():
+            if not isinstance(origin, str) or not isinstance(pair, list | tuple) or len(pair) != 2:
+                raise ValueError("a counter entry is a map origin -> [P, N]")
+            p, n = pair
+            if type(p) is not int or type(n) is not int:
+                raise ValueError("P and N must be integers")
+            pn[origin] = (p, n)
+        return cls(pn)
+
+    def to_bytes(self) -> bytes:
+        return msgpack.packb(self.to_wire())
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> CounterEntry:
+        return cls.from_wire(msgpack.unpackb(data, strict_map_key=True))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CounterEntry):
+            return NotImplemented
+        return self._pn == other._pn
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._pn.items()))
+
+    def __repr__(self) -> str:
+        return f"CounterEntry({self._pn!r})"
+
+
+class ShardStore:
+    """Every key's entry on one node; ``own`` is the origin this node raises."""
+
+    __slots__ = ("own", "_origins", "_index", "_tables", "keys")
+
+    def __init__(self, own: str) -> None:
+        self.own = own
+        self._origins: list[str] = []
+        self._index: dict[str, int] = {}
+        self._tables: dict[str, dict[str, list[int]]] = {}
+        self.keys = 0
+        self._origin(own)  # index 0: apply_local touches row[0] and row[1] only
+
+    def _origin(self, name: str) -> int:
+        i = self._index.get(name)
+        if i is None:
+            i = self._index[name] = len(self._origins)
+            self._origins.append(name)
+        return i
+
+    def _row(self, table: str, key: str, width: int) -> list[int]:
+        rows = self._tables.get(table)
+        if rows is None:
+            rows = self._tables[table] = {}
+        row = rows.get(key)
+        if row is None:
+            row = rows[key] = [0] * width
+            self.keys += 1
+        elif len(row) < width:
+            row.extend([0] * (width - len(row)))
+        return row
+
+    def apply_local(self, table: str, key: str, delta: int) -> Pair:
+        """Raise this node's own pair by ``delta`` (N for a negative delta); the new pair."""
+        row = self._row(table, key, 2)
+        if delta >= 0:
+            row[0] += delta
+        else:
+            row[1] -= delta
+        return row[0], row[1]
+
+    def merge_pair(self, table: str, key: str, origin: str, p: int, n: int) -> bool:
+        """Max-merge one origin's pair; True when it raised anything."""
+        i = 2 * self._origin(origin)
+        row = self._row(table, key, i + 2)
+        changed = False
+        if p > row[i]:
+            row[i] = p
+            changed = True
+        if n > row[i + 1]:
+            row[i + 1] = n
+            changed = True
+        return changed
+
+    def own_pair(self, table: str, key: str) -> Pair:
+        row = self._tables.get(table, {}).get(key)
+        return (row[0], row[1]) if row else (0, 0)
+
+    def entry(self, table: str, key: str) -> CounterEntry:
+        row = self._tables.get(table, {}).get(key)
+        if not row:
+            return CounterEntry()
+        origins = self._origins
+        return CounterEntry({origins[j // 2]: (row[j], row[j + 1]) for j in range(0, len(row), 2)})
+
+    def merge_entry(self, table: str, key: str, entry: CounterEntry) -> bool:
+        changed = False
+        for origin, (p, n) in entry.pairs.items():
+            changed = self.merge_pair(table, key, origin, p, n) or changed
+        return changed
+
+    def value(self, table: str, key: str) -> int:
+        row = self._tables.get(table, {}).get(key)
+        return sum(row[0::2]) - sum(row[1::2]) if row else 0
+
+    def tables(self) -> Iterator[str]:
+        return iter(self._tables)
+
+    def to_bytes(self) -> bytes:
+        return msgpack.packb({"own": self.own, "origins": self._origins, "tables": self._tables})
+
+    @classmethod
+    def from_bytes(cls, data: bytes, own: str) -> ShardStore:
+        """Load a snapshot; ``own`` may differ from the snapshot's (a renamed data dir)."""
+        blob = msgpack.unpackb(data, strict_map_key=True)
+        store = cls(own)
+        origins: list[str] = blob["origins"]
+        if blob["own"] == own and origins and origins[0] == own:
+            store._origins = list(origins)
+            store._index = {name: i for i, name in enumerate(origins)}
+            store._tables = blob["tables"]
+            store.keys = sum(len(rows) for rows in store._tables.values())
+            return store
+        for table, rows in blob["tables"].items():
+            for key, row in rows.items():
+                for j in range(0, len(row), 2):
+                    if row[j] or row[j + 1]:
+                        store.merge_pair(table, key, origins[j // 2], row[j], row[j + 1])
+        return store
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ShardStore):
+            return NotImplemented
+        mine = {(t, k) for t, rows in self._tables.items() for k in rows}
+        theirs = {(t, k) for t, rows in other._tables.items() for k in rows}
+        return mine == theirs and all(self.entry(t, k) == other.entry(t, k) for t, k in mine)
+
+    __hash__ = None  # type: ignore[assignment]

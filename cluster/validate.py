@@ -1,0 +1,110 @@
+"""Client input rules: decode bodies and check ops before anything is applied or logged.
+
+Names (tables and keys) match ``[A-Za-z0-9_.:-]{1,128}``; an op id is a non-empty string of at
+most ``max_op_id_bytes`` UTF-8 bytes; ``delta`` is an int (not a bool) in signed 64-bit range;
+``attempt`` (>= 1) and ``age_ms`` (>= 0) are optional ints. A batch is checked whole before any
+op runs; the first bad op rejects the batch with a message naming its index, ``ops[i].field``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import msgpack
+
+from cluster.errors import BadRequest
+
+NAME_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+CONSISTENCIES = ("one", "quorum", "all")
+
+# (table, key, op_id, delta, attempt, age_ms)
+CheckedOp = tuple[str, str, str, int, int, int]
+
+
+def is_msgpack(content_type: str) -> bool:
+    return "msgpack" in content_type
+
+
+def decode_body(raw: bytes, content_type: str) -> Any:
+    if not raw:
+        raise BadRequest("request body is empty", code="bad_body")
+    try:
+        if is_msgpack(content_type):
+            return msgpack.unpackb(raw, raw=False, strict_map_key=True)
+        return json.loads(raw)
+    except (ValueError, TypeError, RecursionError, msgpack.UnpackException) as exc:
+        kind = "msgpack" if is_msgpack(content_type) else "JSON"
+        raise BadRequest(f"body is not valid {kind}: {exc}", code="bad_body") from exc
+
+
+def check_name(value: Any, field: str) -> str:
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
+        raise BadRequest(f"{field}: must match [A-Za-z0-9_.:-]{{1,128}}", code=f"bad_{field}")
+    return value
+
+
+def _int_field(op: dict[str, Any], name: str, where: str, default: int, lo: int) -> int:
+    value = op.get(name, default)
+    if type(value) is not int or not lo <= value <= INT64_MAX:
+        raise BadRequest(f"{where}{name}: must be an integer >= {lo}", code=f"bad_{name}")
+    return value
+
+
+def check_op(op: Any, table: str, key: str, *, max_op_id_bytes: int,
+             where: str = "") -> CheckedOp:
+    """One op's fields (``table`` and ``key`` already checked); raises ``BadRequest``."""
+    if not isinstance(op, dict):
+        raise BadRequest(f"{where or 'body'}: must be an object", code="bad_body")
+    op_id = op.get("op_id")
+    if not isinstance(op_id, str) or not op_id:
+        raise BadRequest(f"{where}op_id: required, a non-empty string", code="bad_op_id")
+    if len(op_id) > max_op_id_bytes or len(op_id.encode()) > max_op_id_bytes:
+        raise BadRequest(f"{where}op_id: longer than {max_op_id_bytes} bytes", code="bad_op_id")
+    delta = op.get("delta")
+    if type(delta) is not int or not INT64_MIN <= delta <= INT64_MAX:
+        raise BadRequest(f"{where}delta: must be an integer in signed 64-bit range",
+                         code="bad_delta")
+    attempt = _int_field(op, "attempt", where, 1, 1) if "attempt" in op else 1
+    age_ms = _int_field(op, "age_ms", where, 0, 0) if "age_ms" in op else 0
+    return table, key, op_id, delta, attempt, age_ms
+
+
+def check_batch(body: Any, *, max_ops: int, max_op_id_bytes: int) -> list[CheckedOp]:
+    if not isinstance(body, dict) or not isinstance(body.get("ops"), list):
+        raise BadRequest('body: must be {"ops": [...]}', code="bad_body")
+    ops = body["ops"]
+    if len(ops) > max_ops:
+        raise BadRequest(f"ops: at most {max_ops} ops per batch, got {len(ops)}",
+                         code="batch_too_large")
+    out = []
+    for i, op in enumerate(ops):
+        where = f"ops[{i}]."
+        if not isinstance(op, dict):
+            raise BadRequest(f"ops[{i}]: must be an object", code="bad_body")
+        table, key = op.get("table"), op.get("key")
+        if not isinstance(table, str) or not _ok_name(table):
+            raise _bad(where, "table")
+        if not isinstance(key, str) or not _ok_name(key):
+            raise _bad(where, "key")
+        out.append(check_op(op, table, key, max_op_id_bytes=max_op_id_bytes, where=where))
+    return out
+
+
+def _ok_name(value: Any) -> bool:
+    return isinstance(value, str) and NAME_RE.fullmatch(value) is not None
+
+
+def _bad(where: str, field: str) -> BadRequest:
+    return BadRequest(f"{where}{field}: must match [A-Za-z0-9_.:-]{{1,128}}", code=f"bad_{field}")
+
+
+def check_consistency(value: str | None) -> str:
+    if value is None:
+        return "quorum"
+    if value not in CONSISTENCIES:
+        raise BadRequest(f"consistency: one of {', '.join(CONSISTENCIES)}",
+                         code="bad_consistency")
+    return value
