@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from cluster.bloom import bloom_fpp, load_from_fill
-from cluster.hashing import SEED, HashFn, _murmur, hash_pair, hash_pairs_np, positions, positions_np
+from cluster.hashing import SEED, HashFn, _murmur, hash_pair, hash_pairs_np, positions_np
 
 MAX_FILTERS = 64
 _DTYPES: tuple[tuple[int, type[np.unsignedinteger]], ...] = (
@@ -170,26 +170,33 @@ class ForgetfulBloomFilter:
 
     # -- Algorithm 1 and 2 -----------------------------------------------------------------
 
-    def _positions(self, item: bytes) -> list[int]:
-        h1, h2 = self._hash(item)
-        return positions(h1, h2, self.k, self.m)
-
-    def _mask(self, pos: list[int]) -> int:
-        mv = self._mv
+    def _probe(self, item: bytes) -> int:
+        """The AND of the item's k words: bit j set when the item is in filter j."""
+        if self._clock() >= self._next_refresh:
+            self._catch_up()
+        if self._fast_hash:
+            h1, h2 = _murmur(item, SEED)
+            h2 |= 1
+        else:
+            h1, h2 = self._hash(item)
+        m, mv = self.m, self._mv
+        p = h1 % m
+        b = h2 % m
         w = self._live
-        for p in pos:
+        for _ in self._krange:
             w &= mv[p]
+            p += b
+            if p >= m:
+                p -= m
         return w
-
-    def _is_member(self, w: int) -> bool:
-        # future alone, any adjacent (present, past...) pair, or the oldest past alone
-        return bool(w & 1 or w & (w >> 1) & self._pairmask or w >> self._oldest)
 
     def add(self, item: bytes) -> bool:
         """Algorithm 1: insert into future and present unless a member; True when it was new."""
         if self._clock() >= self._next_refresh:
             self._catch_up()
-        # the hot path: positions walked twice by stride instead of built as a list
+        # the hot path, kept inline (it is _probe plus the insert): positions are walked twice
+        # by stride instead of built as a list, and the check is Algorithm 2 on the AND mask:
+        # the future alone, any adjacent (present, past...) pair, or the oldest past alone
         if self._fast_hash:
             h1, h2 = _murmur(item, SEED)
             h2 |= 1
@@ -217,22 +224,19 @@ class ForgetfulBloomFilter:
 
     def __contains__(self, item: bytes) -> bool:
         """Algorithm 2, the optimised check (with the oldest filter alone always checked)."""
-        if self._clock() >= self._next_refresh:
-            self._catch_up()
-        return self._is_member(self._mask(self._positions(item)))
+        w = self._probe(item)
+        return bool(w & 1 or w & (w >> 1) & self._pairmask or w >> self._oldest)
 
     def contains_simple(self, item: bytes) -> bool:
         """Section III-A: present in any constituent filter."""
-        if self._clock() >= self._next_refresh:
-            self._catch_up()
-        return self._mask(self._positions(item)) != 0
+        return self._probe(item) != 0
 
     # -- batch API -------------------------------------------------------------------------
 
-    def _masks_many(self, items: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    def _masks_many(self, items: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         h1, h2 = hash_pairs_np(items, self._hash)
         pos = positions_np(h1, h2, self.k, self.m)
-        return pos, np.bitwise_and.reduce(self._words[pos], axis=0)
+        return pos, np.bitwise_and.reduce(self._words[pos], axis=0), h1
 
     def _members_np(self, w: np.ndarray) -> np.ndarray:
         dt = self._words.dtype.type
@@ -250,9 +254,10 @@ class ForgetfulBloomFilter:
             self._catch_up()
         if not items:
             return np.zeros(0, dtype=bool)
-        pos, w = self._masks_many(items)
+        pos, w, h1 = self._masks_many(items)
         new = ~self._members_np(w)
-        if len(set(items)) != len(items):
+        # equal ids have equal hashes; only when some hash repeats are the ids compared
+        if np.unique(h1).size != len(items):
             first: dict[bytes, int] = {}
             for i, it in enumerate(items):
                 j = first.setdefault(it, i)
@@ -268,7 +273,7 @@ class ForgetfulBloomFilter:
             self._catch_up()
         if not items:
             return np.zeros(0, dtype=bool)
-        _, w = self._masks_many(items)
+        _, w, _ = self._masks_many(items)
         return w != 0 if simple else self._members_np(w)
 
     # -- refresh (Section III-C) -----------------------------------------------------------

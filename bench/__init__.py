@@ -1,0 +1,1 @@
+"""Benchmarks: each module prints numbers measured in its own run."""
