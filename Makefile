@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m cluster.demo
+	$(BIN)/python -m cluster.fbf_demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check cluster client tests bench
