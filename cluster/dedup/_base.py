@@ -1,0 +1,143 @@
+"""The interface every dedup strategy implements, and the sizing and snapshot helpers they share."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+import msgpack
+
+Clock = Callable[[], float]
+LN2 = math.log(2.0)
+
+
+@runtime_checkable
+class Dedup(Protocol):
+    """Decides whether an op id was already applied; a node runs with any one of these."""
+
+    name: str
+
+    def seen_or_add(self, op_id: bytes) -> bool:
+        """True: already seen (a duplicate, do not apply). False: new, and now recorded."""
+        ...
+
+    def __contains__(self, op_id: bytes) -> bool:
+        """Check only; records nothing."""
+        ...
+
+    def nbytes(self) -> int:
+        """Bytes of memory the dedup state uses."""
+        ...
+
+    @property
+    def window(self) -> float:
+        """Seconds an id is guaranteed remembered (math.inf: never forgets; 0: no guarantee)."""
+        ...
+
+    def estimated_fpp(self) -> float:
+        """The strategy's own estimate of the probability a new id is taken as a duplicate."""
+        ...
+
+    def stats(self) -> dict[str, float]:
+        """A few numbers to export as metrics."""
+        ...
+
+    def to_bytes(self) -> bytes:
+        """Versioned snapshot, starting with the strategy's name; ``load_dedup`` inverts it."""
+        ...
+
+
+def design_items(window: float, rate: float) -> int:
+    """Ids alive at once at the design load: ``rate`` ids/s remembered for ``window`` s."""
+    return max(1, math.ceil(window * rate))
+
+
+def bloom_shape(n: int, fpp: float) -> tuple[int, int]:
+    """The textbook optimum for ``n`` items at ``fpp``: m = -n ln p / (ln 2)^2, k = (m/n) ln 2."""
+    m = max(8, math.ceil(-n * math.log(fpp) / LN2**2))
+    k = max(1, round(m / n * LN2))
+    return m, k
+
+
+def poisson_sf(lam: float, k: int) -> float:
+    """P(X >= k) for X ~ Poisson(lam), summed upward in log space so tiny tails stay accurate."""
+    if k <= 0:
+        return 1.0
+    total, i = 0.0, k
+    while True:
+        term = math.exp(-lam + i * math.log(lam) - math.lgamma(i + 1)) if lam > 0 else 0.0
+        total += term
+        if i > lam and term < total * 1e-17 or i > k + 100_000:
+            return min(1.0, total)
+        i += 1
+
+
+# A snapshot is  name  b"\0"  version-byte  msgpack(payload).
+def frame(name: str, version: int, payload: Any) -> bytes:
+    return name.encode("ascii") + b"\0" + bytes((version,)) + msgpack.packb(payload)
+
+
+def unframe(data: bytes) -> tuple[str, int, Any]:
+    cut = data.find(b"\0")
+    if cut <= 0 or cut + 1 >= len(data):
+        raise ValueError("not a dedup snapshot: missing '<name>\\0<version>' tag")
+    try:
+        name = data[:cut].decode("ascii")
+    except UnicodeDecodeError as exc:
+        raise ValueError("not a dedup snapshot: tag is not ASCII") from exc
+    return name, data[cut + 1], msgpack.unpackb(data[cut + 2 :], strict_map_key=False)
+
+
+def check_version(name: str, version: int, supported: int) -> None:
+    if version != supported:
+        raise ValueError(f"{name} snapshot version {version}, this code reads version {supported}")
+
+
+def is_prime(n: int) -> bool:
+    """Deterministic Miller-Rabin for n < 3.3e24 (the first 13 primes as bases)."""
+    if n < 2:
+        return False
+    bases = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41)
+    for p in bases:
+        if n % p == 0:
+            return n == p
+    d, r = n - 1, 0
+    while d % 2 == 0:
+        d, r = d // 2, r + 1
+    for a in bases:
+        x = pow(a, d, n)
+        if x in (1, n - 1):
+            continue
+        for _ in range(r - 1):
+            x = x * x % n
+            if x == n - 1:
+                break
+        else:
+            return False
+    return True
+
+
+def next_prime(n: int) -> int:
+    while not is_prime(n):
+        n += 1
+    return n
+
+
+def positions(h1: int, h2: int, m: int, krange: range) -> list[int]:
+    """Kirsch-Mitzenmacher positions ``(a + i*b) mod m`` with a = h1 mod m, b = h2 mod m.
+
+    Reduced first so the loop adds small ints: about 2.5x faster in CPython than
+    ``cluster.hashing.positions`` on 64-bit values. Give it a prime ``m``: then b (never 0) is
+    coprime to m and the k positions are distinct; with a composite m, a b sharing a factor
+    with m cycles through a few positions only (m = 4 * 7189 and b = 7189 give 4).
+    """
+    a = h1 % m
+    b = h2 % m or 1
+    out = []
+    for _ in krange:
+        out.append(a)
+        a += b
+        if a >= m:
+            a -= m
+    return out

@@ -1,0 +1,109 @@
+"""The Forgetful Bloom Filter as a dedup strategy (the paper's proposal), fixed or adaptive.
+
+``FBFDedup`` wraps ``ForgetfulBloomFilter.for_window`` (Sections III-IV): ids are remembered for
+the window and forgotten by time, at an FPP sized from the design rate. ``AdaptiveFBFDedup``
+turns on the window-keeping Algorithm 3 (``target_fpp`` and ``max_bytes``) and runs one
+``adapt()`` step from the hot path at most once per second of clock time, so a node that does not
+run a background task still adapts.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from cluster.dedup._base import Clock, check_version, frame
+from cluster.fbf import ForgetfulBloomFilter
+
+
+class FBFDedup:
+    """A ``ForgetfulBloomFilter`` sized for (window, rate, target_fpp)."""
+
+    name: str = "fbf"
+
+    def __init__(self, f: ForgetfulBloomFilter) -> None:
+        self._f = f
+
+    @classmethod
+    def for_window(
+        cls, window: float, rate: float, target_fpp: float, clock: Clock = time.time
+    ) -> FBFDedup:
+        return cls(ForgetfulBloomFilter.for_window(window, rate, target_fpp, clock=clock))
+
+    @property
+    def filter(self) -> ForgetfulBloomFilter:
+        return self._f
+
+    def seen_or_add(self, op_id: bytes) -> bool:
+        return not self._f.add(op_id)
+
+    def __contains__(self, op_id: bytes) -> bool:
+        return op_id in self._f
+
+    def nbytes(self) -> int:
+        return self._f.nbytes()
+
+    @property
+    def window(self) -> float:
+        return self._f.window
+
+    def estimated_fpp(self) -> float:
+        return self._f.estimated_fpp()
+
+    def stats(self) -> dict[str, float]:
+        f = self._f
+        return {"fpp": f.estimated_fpp(), "fill": f.fill(), "n_past": float(f.n_past),
+                "period": f.period, "window": f.window, "m": float(f.m), "k": float(f.k),
+                "over_target": float(f.over_target)}
+
+    def to_bytes(self) -> bytes:
+        return frame(self.name, 1, self._f.to_bytes())
+
+    @classmethod
+    def from_payload(cls, version: int, payload: Any, clock: Clock) -> FBFDedup:
+        check_version(cls.name, version, 1)
+        return cls(ForgetfulBloomFilter.from_bytes(payload, clock=clock))
+
+
+class AdaptiveFBFDedup(FBFDedup):
+    """The adaptive FBF: keeps its FPP under the target as the rate changes, never the window."""
+
+    name: str = "adaptive-fbf"
+    ADAPT_INTERVAL = 1.0
+
+    def __init__(self, f: ForgetfulBloomFilter, clock: Clock = time.time) -> None:
+        super().__init__(f)
+        self._clock = clock
+        # not at once: adapt() measures the rate since the filter was made
+        self._next_adapt = clock() + self.ADAPT_INTERVAL
+        self.adaptations = 0
+
+    @classmethod
+    def for_window(
+        cls, window: float, rate: float, target_fpp: float, clock: Clock = time.time,
+        max_bytes: int | None = None,
+    ) -> AdaptiveFBFDedup:
+        f = ForgetfulBloomFilter.for_window(
+            window, rate, target_fpp, clock=clock, adaptive=True, max_bytes=max_bytes
+        )
+        return cls(f, clock)
+
+    def seen_or_add(self, op_id: bytes) -> bool:
+        dup = not self._f.add(op_id)
+        now = self._clock()
+        if now >= self._next_adapt:
+            self._next_adapt = now + self.ADAPT_INTERVAL
+            if self._f.adapt():
+                self.adaptations += 1
+        return dup
+
+    def stats(self) -> dict[str, float]:
+        s = super().stats()
+        s["adaptations"] = float(self.adaptations)
+        s["rate"] = self._f.measured_rate()
+        return s
+
+    @classmethod
+    def from_payload(cls, version: int, payload: Any, clock: Clock) -> AdaptiveFBFDedup:
+        check_version(cls.name, version, 1)
+        return cls(ForgetfulBloomFilter.from_bytes(payload, clock=clock), clock)
