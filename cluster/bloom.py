@@ -44,15 +44,18 @@ class BloomFilter:
         """Set the item's bits; True when at least one was unset (the item was not yet a member)."""
         h1, h2 = self._hash(item)
         bits, m = self._bits, self.m
-        p, b = h1 % m, h2 % m
+        x, y = h1 % m, h2 % m
         new = False
-        for _ in range(self.k):
-            if not bits[p]:
-                bits[p] = 1
+        for i in range(self.k):  # cluster.hashing.positions, walked inline
+            if not bits[x]:
+                bits[x] = 1
                 new = True
-            p += b
-            if p >= m:
-                p -= m
+            x += y
+            if x >= m:
+                x -= m
+            y += i
+            if y >= m:
+                y -= m
         if new:
             self.count += 1
         return new

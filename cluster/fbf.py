@@ -65,15 +65,33 @@ def fbf_fpp(p: Sequence[float]) -> float:
     return 1.0 - keep
 
 
-def projected_fpp(rate: float, period: float, m: int, k: int, nfilters: int) -> float:
-    """Equation (3) in steady state at ``rate`` inserts/s, at the end of a period (the worst point).
+def shared_fpp(gens: Sequence[float], k: int) -> float:
+    """Equation (3) without the independence assumption for adjacent filters.
 
-    The future filter then holds one period of inserts, every other filter two (it took inserts
-    as future and again as present).
+    ``gens[j]`` is the load (inserts per bit) of generation j: the ids inserted while filter j
+    was the future. Filter j holds generations j and j-1, so adjacent filters share a whole
+    generation, and a bit set by a shared id is set in both. The paper multiplies the two
+    filters' FPPs as if independent and underestimates the pair terms (by 30% at FPP 1e-2).
+    Here a probe position is set in both filters with probability
+    ``1 - q_j - q_(j+1) + q_(j,j+1)`` (q = probability the bit is still 0), per position
+    independent, as in equation (1).
     """
-    p_future = bloom_fpp(rate * period / m, k)
-    p_full = bloom_fpp(2.0 * rate * period / m, k)
-    return fbf_fpp([p_future] + [p_full] * (nfilters - 1))
+    nf = len(gens)
+    loads = [gens[0]] + [gens[j] + gens[j - 1] for j in range(1, nf)]
+    q = [math.exp(-k * load) for load in loads]
+    keep = 1.0 - (1.0 - q[0]) ** k  # future alone
+    for j in range(1, nf - 1):
+        union = loads[j] + loads[j + 1] - gens[j]
+        both = 1.0 - q[j] - q[j + 1] + math.exp(-k * union)
+        keep *= 1.0 - max(both, 0.0) ** k
+    keep *= 1.0 - (1.0 - q[nf - 1]) ** k  # oldest alone
+    return 1.0 - keep
+
+
+def projected_fpp(rate: float, period: float, m: int, k: int, nfilters: int) -> float:
+    """``shared_fpp`` in steady state at ``rate`` inserts/s, at the end of a period (the worst
+    point): every generation holds one period of inserts."""
+    return shared_fpp([rate * period / m] * nfilters, k)
 
 
 class ForgetfulBloomFilter:
@@ -128,10 +146,10 @@ class ForgetfulBloomFilter:
         self._period0 = self._period
         now = clock()
         self._set_shape(n_past + 2, np.zeros(m, dtype=_dtype_for(n_past + 2)))
-        self._loads = [0.0] * self._nf
+        self._gens = [0.0] * self._nf  # load (inserts per bit) of each generation, newest first
         self._starts: list[float] = []
         self._reset_epochs(now)
-        self._pending = 0  # inserts not yet folded into _loads
+        self._pending = 0  # inserts not yet folded into _gens
         self._inserted = 0
         self._rate = 0.0
         self._rate_t = now
@@ -147,6 +165,7 @@ class ForgetfulBloomFilter:
         self._oldest = nfilters - 1
         self._pairmask = ((1 << (nfilters - 1)) - 1) & ~1  # pair (j, j+1) for j in 1..N
         self._krange = range(self.k)
+        self._pos = [0] * self.k  # scratch for add(), so the hot path allocates nothing
 
     @property
     def n_past(self) -> int:
@@ -180,45 +199,46 @@ class ForgetfulBloomFilter:
         else:
             h1, h2 = self._hash(item)
         m, mv = self.m, self._mv
-        p = h1 % m
-        b = h2 % m
+        x, y = h1 % m, h2 % m
         w = self._live
-        for _ in self._krange:
-            w &= mv[p]
-            p += b
-            if p >= m:
-                p -= m
+        for i in self._krange:  # cluster.hashing.positions, walked inline
+            w &= mv[x]
+            x += y
+            if x >= m:
+                x -= m
+            y += i
+            if y >= m:
+                y -= m
         return w
 
     def add(self, item: bytes) -> bool:
         """Algorithm 1: insert into future and present unless a member; True when it was new."""
         if self._clock() >= self._next_refresh:
             self._catch_up()
-        # the hot path, kept inline (it is _probe plus the insert): positions are walked twice
-        # by stride instead of built as a list, and the check is Algorithm 2 on the AND mask:
-        # the future alone, any adjacent (present, past...) pair, or the oldest past alone
+        # the hot path, kept inline (it is _probe plus the insert); the check is Algorithm 2
+        # on the AND mask: the future alone, any adjacent (present, past...) pair, or the
+        # oldest past alone
         if self._fast_hash:
             h1, h2 = _murmur(item, SEED)
             h2 |= 1
         else:
             h1, h2 = self._hash(item)
-        m, mv = self.m, self._mv
-        a = p = h1 % m
-        b = h2 % m
+        m, mv, pos = self.m, self._mv, self._pos
+        x, y = h1 % m, h2 % m
         w = self._live
-        for _ in self._krange:
-            w &= mv[p]
-            p += b
-            if p >= m:
-                p -= m
+        for i in self._krange:
+            pos[i] = x
+            w &= mv[x]
+            x += y
+            if x >= m:
+                x -= m
+            y += i
+            if y >= m:
+                y -= m
         if w & 1 or w & (w >> 1) & self._pairmask or w >> self._oldest:
             return False
-        p = a
-        for _ in self._krange:
-            mv[p] |= 3
-            p += b
-            if p >= m:
-                p -= m
+        for x in pos:
+            mv[x] |= 3
         self._pending += 1
         return True
 
@@ -280,9 +300,7 @@ class ForgetfulBloomFilter:
 
     def _sync_loads(self) -> None:
         if self._pending:
-            d = self._pending / self.m
-            self._loads[0] += d
-            self._loads[1] += d
+            self._gens[0] += self._pending / self.m
             self._inserted += self._pending
             self._pending = 0
 
@@ -310,13 +328,14 @@ class ForgetfulBloomFilter:
         self._set_shape(nf, words)
         if nf > old:
             words |= ((words >> dt(old - 1)) & dt(1)) << dt(old)
-            self._loads.append(self._loads[old - 1])
+            # the copy holds generations old-1 and old-2, like the filter it copies
+            self._gens.append(self._gens[old - 2])
             self._starts.append(self._starts[old - 1] - self._period)
         np.bitwise_and(words, dt(self._live), out=words)
-        self._loads = self._loads[:nf]
+        self._gens = self._gens[:nf]
         self._starts = self._starts[:nf]
         while len(self._starts) < nf:
-            self._loads.append(0.0)
+            self._gens.append(0.0)
             self._starts.append(self._starts[-1] - self._period)
 
     def _rotate(self, at: float) -> None:
@@ -329,7 +348,7 @@ class ForgetfulBloomFilter:
         dt = words.dtype.type
         np.left_shift(words, dt(1), out=words)
         np.bitwise_and(words, dt(self._live), out=words)
-        self._loads = [0.0, *self._loads[:-1]]
+        self._gens = [0.0, *self._gens[:-1]]
         self._starts = [at, *self._starts[:-1]]
         if self.adaptive and nf < self._nf:
             self._resize(nf)
@@ -361,7 +380,7 @@ class ForgetfulBloomFilter:
             # idle past every generation's lifetime: all of them have aged out
             self._sync_loads()
             self._words[:] = 0
-            self._loads = [0.0] * self._nf
+            self._gens = [0.0] * self._nf
             self._reset_epochs(now)
             return
         while now >= self._next_refresh:
@@ -391,15 +410,31 @@ class ForgetfulBloomFilter:
         f = self.fills()
         return sum(f) / len(f)
 
-    def filter_fpps(self) -> list[float]:
+    def filter_loads(self) -> list[float]:
+        """Inserts per bit of each filter: filter j took generation j (as the future) and
+        generation j-1 (as the present)."""
         self._sync_loads()
-        return [bloom_fpp(load, self.k) for load in self._loads]
+        g = self._gens
+        return [g[0]] + [g[j] + g[j - 1] for j in range(1, self._nf)]
 
-    def estimated_fpp(self) -> float:
-        """Equation (3) from each filter's load (equation (1) with l_i inserts in m bits)."""
+    def filter_fpps(self) -> list[float]:
+        """Equation (1) for each filter, from the ids inserted into it."""
+        return [bloom_fpp(load, self.k) for load in self.filter_loads()]
+
+    def paper_fpp(self) -> float:
+        """Equation (3) exactly as the paper gives it (independent filters)."""
         if self._clock() >= self._next_refresh:
             self._catch_up()
         return fbf_fpp(self.filter_fpps())
+
+    def estimated_fpp(self) -> float:
+        """Equation (3) with adjacent filters' shared generation accounted for (see
+        ``shared_fpp``); equal to ``paper_fpp`` where the pair terms vanish, and the one the
+        adaptive step, the sizing and the node's metrics use."""
+        if self._clock() >= self._next_refresh:
+            self._catch_up()
+        self._sync_loads()
+        return shared_fpp(self._gens, self.k)
 
     # -- Algorithm 3, window-keeping -------------------------------------------------------
 
@@ -413,7 +448,8 @@ class ForgetfulBloomFilter:
         filters fill (a doubled m only thins new generations; old ones stay as dense as they
         were until they age out). Scale up fast (halve the period; double m once the filter
         count is at its limit) when the current FPP reaches 0.9 of the target or the steady
-        state at the measured rate would reach half of it; relax slowly (lengthen the period by
+        state at the measured rate would reach 0.75 of it, planning for half the target at twice
+        the rate; relax slowly (lengthen the period by
         an eighth of the base, fold m in half) when the current FPP is under a tenth of the
         target and the relaxed shape still meets a quarter of it at twice the rate. The window
         never shrinks: the filter count follows from the period, and old generations are kept
@@ -432,8 +468,8 @@ class ForgetfulBloomFilter:
             self._rate = max(inst, 0.7 * self._rate + 0.3 * inst)
             self._rate_t, self._rate_n = now, self._inserted
         target = self.target_fpp
-        cur = fbf_fpp(self.filter_fpps())
-        if cur >= 0.9 * target or self._proj(self._period, self.m, 1.0) >= 0.5 * target:
+        cur = shared_fpp(self._gens, self.k)
+        if cur >= 0.9 * target or self._proj(self._period, self.m, 1.0) >= 0.75 * target:
             return self._scale_up(cur)
         if cur <= 0.1 * target:
             return self._scale_down()
@@ -513,7 +549,7 @@ class ForgetfulBloomFilter:
         words = self._words[:half] | self._words[half:]
         self.m = half
         self._set_shape(self._nf, words)
-        self._loads = [2.0 * load for load in self._loads]
+        self._gens = [2.0 * load for load in self._gens]
 
     # -- replicas: merge and bytes ---------------------------------------------------------
 
@@ -544,8 +580,13 @@ class ForgetfulBloomFilter:
             done.add(j)
             bit = ((src >> src.dtype.type(i)) & src.dtype.type(1)).astype(dt)
             self._words |= bit << dt(j)
-        fills = self.fills()
-        self._loads = [load_from_fill(f, self.k) for f in fills]
+        # generation loads from the merged fills: filter 0 is generation 0 alone, filter j is
+        # generations j and j-1
+        gens: list[float] = []
+        for j, fill in enumerate(self.fills()):
+            load = load_from_fill(fill, self.k)
+            gens.append(max(0.0, load - gens[j - 1]) if j else load)
+        self._gens = gens
 
     def copy(self) -> ForgetfulBloomFilter:
         return type(self).from_bytes(self.to_bytes(), clock=self._clock, hash_fn=self._hash)
@@ -572,7 +613,7 @@ class ForgetfulBloomFilter:
             flags, self.target_fpp or 0.0, self.max_bytes or 0, self._m0, self._period0,
             self._inserted, self._rate, self.min_period,
         )
-        floats = struct.pack(f"<{2 * self._nf}d", *self._starts, *self._loads)
+        floats = struct.pack(f"<{2 * self._nf}d", *self._starts, *self._gens)
         return header + floats + self._words.astype(self._words.dtype.newbyteorder("<")).tobytes()
 
     @classmethod
@@ -606,7 +647,7 @@ class ForgetfulBloomFilter:
         f.window_violations = 0
         f._m0, f._period0 = m0, period0
         floats = struct.unpack_from(f"<{2 * nf}d", data, _HEADER.size)
-        f._starts, f._loads = list(floats[:nf]), list(floats[nf:])
+        f._starts, f._gens = list(floats[:nf]), list(floats[nf:])
         words = np.frombuffer(data, dtype=dt, count=m, offset=off).astype(_dtype_for(nf))
         f._set_shape(nf, words)
         f._next_refresh = next_refresh
@@ -631,10 +672,12 @@ class ForgetfulBloomFilter:
         """An FBF remembering ``window`` seconds of ids arriving at ``rate``/s, FPP <= ``fpp``.
 
         Six past filters make eight in all, which fills the uint8 words of the bit-sliced layout
-        exactly (the memory sweet spot); m and k are the smallest that meet ``fpp`` by equation (3).
+        exactly (the memory sweet spot); m and k are the smallest that meet ``fpp`` by equation
+        (3) with shared generations. An adaptive filter is sized for half of ``fpp``, the goal its
+        own step plans for, so that it does not resize at the design rate.
         """
         period = window / (n_past + 1)
-        m, k = size_filters(rate, period, n_past + 2, fpp)
+        m, k = size_filters(rate, period, n_past + 2, fpp / 2 if adaptive else fpp)
         return cls(
             m, k, n_past, period, clock,
             target_fpp=fpp if adaptive else None, max_bytes=max_bytes, window=window,

@@ -179,9 +179,12 @@ def test_insertion_decay_forgets_old_keeps_recent(name: str) -> None:
     clock.advance(100 * WINDOW)
     assert all(x in d for x in old), "time alone must not forget"
     recent: list[bytes] = []
+    false_positives = 0
     for w in range(40):  # forty windows' worth of ids
         recent = ids(f"w{w}", DESIGN)
-        assert not any(feed(d, clock, recent))
+        false_positives += sum(feed(d, clock, recent))
+    # 40k fresh ids at FPP 1e-6 expect 0.04 false positives; one is bad luck, more is a bug
+    assert false_positives <= 1
     assert all(x in d for x in recent), "the last window's ids are all remembered"
     assert not any(x in d for x in old), "ids 40 windows old are forgotten"
 

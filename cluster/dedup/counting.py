@@ -31,9 +31,8 @@ from cluster.dedup._base import (
     design_items,
     frame,
     next_prime,
-    positions,
 )
-from cluster.hashing import hash_pair
+from cluster.hashing import hash_pair, positions
 
 _SATURATED = 15
 _COMPACT_AFTER = 4096
@@ -68,7 +67,6 @@ class CountingBloomDedup:
         self._clock = clock
         self._counters = np.zeros((m + 1) // 2, dtype=np.uint8)
         self._mv = self._counters.data
-        self._krange = range(k)
         self._times: array[float] = array("d")
         self._h1: array[int] = array("Q")
         self._h2: array[int] = array("Q")
@@ -84,7 +82,7 @@ class CountingBloomDedup:
         return cls(next_prime(m), k, window, clock)
 
     def _positions(self, h1: int, h2: int) -> list[int]:
-        return positions(h1, h2, self.m, self._krange)
+        return positions(h1, h2, self.k, self.m)
 
     def _expire(self, now: float) -> None:
         cutoff = now - self._window

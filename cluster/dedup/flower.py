@@ -27,8 +27,8 @@ from typing import Any
 import mmh3
 import numpy as np
 
-from cluster.dedup._base import check_version, design_items, frame, next_prime, positions
-from cluster.hashing import hash_pair
+from cluster.dedup._base import check_version, design_items, frame, next_prime
+from cluster.hashing import hash_pair, positions
 
 _FP_SEED = 0xF10E
 _WIDTHS = {8: np.uint8, 16: np.uint16, 32: np.uint32}
@@ -64,7 +64,6 @@ class FlowerDedup:
         self._fp_mask = (1 << b) - 1
         self._arr = np.zeros(s, dtype=_WIDTHS[b])
         self._mv = self._arr.data
-        self._nrange = range(n)
         self.inserts = 0
 
     @classmethod
@@ -75,7 +74,7 @@ class FlowerDedup:
     def _locate(self, op_id: bytes) -> tuple[list[int], int]:
         h1, h2 = hash_pair(op_id)
         fp = mmh3.hash(op_id, _FP_SEED, False) & self._fp_mask
-        return positions(h1, h2, self.s, self._nrange), fp or 1
+        return positions(h1, h2, self.n, self.s), fp or 1
 
     def seen_or_add(self, op_id: bytes) -> bool:
         pos, fp = self._locate(op_id)

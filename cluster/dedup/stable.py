@@ -39,9 +39,8 @@ from cluster.dedup._base import (
     frame,
     next_prime,
     poisson_sf,
-    positions,
 )
-from cluster.hashing import hash_pair
+from cluster.hashing import hash_pair, positions
 
 MAX = 255
 
@@ -80,7 +79,6 @@ class StableBloomDedup:
         self._rng = random.Random(seed)
         self._nonzero = np.empty(p, dtype=np.bool_)  # scratch, so a decrement allocates nothing
         self._nonzero_u8 = self._nonzero.view(np.uint8)
-        self._krange = range(k)
         self.inserts = 0
 
     @classmethod
@@ -96,7 +94,7 @@ class StableBloomDedup:
 
     def _positions(self, op_id: bytes) -> list[int]:
         h1, h2 = hash_pair(op_id)
-        return positions(h1, h2, self.m, self._krange)
+        return positions(h1, h2, self.k, self.m)
 
     def _decrement(self) -> None:
         start = self._rng.randrange(self.m)
