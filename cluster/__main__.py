@@ -7,6 +7,7 @@ import asyncio
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from cluster.local import LocalCluster
 
@@ -38,7 +39,7 @@ async def up(args: argparse.Namespace) -> int:
         for node in cluster.nodes.values():
             print(f"  {node.id}  {node.url}   (log: {node.log_path})")
         print("Ctrl-C to stop", flush=True)
-        waits = [asyncio.ensure_future(stop.wait())]
+        waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait())]
         waits += [asyncio.ensure_future(n.proc.wait()) for n in cluster.nodes.values() if n.proc]
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         for w in waits:

@@ -16,7 +16,7 @@ Every field, its default and its constraint (durations are float seconds):
     max_dedup_bytes     optional memory cap handed to the dedup strategies
     fsync = True        fsync the log before acknowledging (group commit)
     secret_file         cluster secret for peer authentication (issue 7; read, not yet used)
-    vnodes = 128        ring tokens per node
+    vnodes = 256        ring tokens per node
     max_body_bytes = 4 MiB, max_batch_ops = 10000, max_op_id_bytes = 256
     quorum_timeout = 2.0      wait for a write or read quorum before answering 503
     peer_connect_timeout = 1.0
@@ -97,7 +97,7 @@ class NodeConfig:
     max_dedup_bytes: int | None = None
     fsync: bool = True
     secret_file: str | None = None
-    vnodes: int = 128
+    vnodes: int = 256
     max_body_bytes: int = 4 << 20
     max_batch_ops: int = 10_000
     max_op_id_bytes: int = 256

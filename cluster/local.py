@@ -69,7 +69,8 @@ class NodeProcess:
                 line = await asyncio.wait_for(self.proc.stdout.readline(), max(left, 0.01))
             except TimeoutError:
                 await self.kill()
-                raise RuntimeError(f"{self.id}: no READY within {timeout}s; see {self.log_path}")
+                raise RuntimeError(
+                    f"{self.id}: no READY within {timeout}s; see {self.log_path}") from None
             if not line:
                 code = await self.proc.wait()
                 raise RuntimeError(f"{self.id} exited with {code} before READY; "

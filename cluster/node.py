@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from cluster.config import NodeConfig
@@ -39,10 +41,33 @@ _APPLIED, _DUPLICATE, _UNAVAILABLE = int(Status.APPLIED), int(Status.DUPLICATE),
     Status.UNAVAILABLE)
 
 
+def next_incarnation(data_dir: Path) -> int:
+    """Read, bump and durably store this data directory's incarnation number."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / "incarnation"
+    try:
+        current = int(path.read_text().strip() or 0)
+    except FileNotFoundError:
+        current = 0
+    tmp = data_dir / "incarnation.tmp"
+    with open(tmp, "w") as f:
+        f.write(f"{current + 1}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(data_dir, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return current + 1
+
+
 def quorum_future(futures: Sequence[asyncio.Future[Any]], need: int,
                   timeout: float) -> asyncio.Future[bool]:
-    """Resolves True once ``need`` of ``futures`` succeed, False when that became impossible
-    or ``timeout`` passed. Callbacks, not ``asyncio.wait``: no task per wait on the hot path."""
+    """Resolves True once ``need`` of ``futures`` succeed (a result other than False), False
+    when that became impossible or ``timeout`` passed. Callbacks, not ``asyncio.wait``: no task
+    per wait on the hot path."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future[bool] = loop.create_future()
     if need <= 0:
@@ -56,7 +81,7 @@ def quorum_future(futures: Sequence[asyncio.Future[Any]], need: int,
             if not f.cancelled():
                 f.exception()  # consume it: a late failure is expected, not an error
             return
-        if f.cancelled() or f.exception() is not None:
+        if f.cancelled() or f.exception() is not None or f.result() is False:
             state[1] += 1
         else:
             state[0] += 1
@@ -86,13 +111,15 @@ class Node:
         self.clock = clock
         self.ring = Ring([p[0] for p in config.peers], vnodes=config.vnodes, rf=config.rf)
         self.state = NodeState(config, clock=clock)
-        self.log = DurableLog(config.data_dir, fsync=config.fsync)
+        self.origin = self.id  # becomes "<id>@<incarnation>" in recover()
+        self.log = DurableLog(Path(config.data_dir) / "log", fsync=config.fsync)
         self.links: dict[str, PeerLink] = {
             pid: PeerLink(self.id, pid, host, port, connect_timeout=config.peer_connect_timeout)
             for pid, host, port in config.peers if pid != self.id
         }
         self.metrics = NodeMetrics()
         self._inflight: dict[str, asyncio.Future[bool]] = {}
+        self._targets: dict[tuple[str, ...], tuple[str, ...]] = {}
         self.is_live: Callable[[str], bool] = self._is_live
 
     def _is_live(self, node_id: str) -> bool:
@@ -102,7 +129,14 @@ class Node:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def recover(self) -> int:
-        """Open the log, load the snapshot, replay the log; returns the records replayed."""
+        """Open the log, load the snapshot, replay the log; returns the records replayed.
+
+        Each start is a new incarnation with its own origin id (``n1@7``), so this node never
+        raises a pair that peers may know a higher value of: a record replicated but lost from
+        our own log tail in a crash cannot collide with what we apply after the restart.
+        """
+        self.origin = f"{self.id}@{next_incarnation(Path(self.config.data_dir))}"
+        self.state.set_origin(self.origin)
         await self.log.start()
         blob = self.log.load_snapshot()
         if blob is not None:
@@ -207,17 +241,17 @@ class Node:
             list[int], list[LogRecord], dict[tuple[str, ...], list[list[Any]]],
             list[tuple[int, asyncio.Future[bool]]]]:
         """The synchronous part: no await between the dedup check and the apply."""
-        state, me, now = self.state, self.id, self.clock()
-        apply_local = state.shards.apply_local
-        prefs_of = self.ring.preference_list
+        me, now = self.origin, self.clock()
+        dups = self.state.seen_or_add_many(ops, 0, 2)
+        apply_local = self.state.shards.apply_local
+        targets_of = self._targets_of
         inflight = self._inflight
         statuses: list[int] = []
         records: list[LogRecord] = []
         groups: dict[tuple[str, ...], list[list[Any]]] = {}
         dup_waits: list[tuple[int, asyncio.Future[bool]]] = []
-        for table, key, op_id, delta, _attempt in ops:
-            dedup = state.dedups.get(table) or state.dedup(table)
-            if dedup.seen_or_add(op_id.encode()):
+        for (table, key, op_id, delta, _attempt), dup in zip(ops, dups, strict=True):
+            if dup:
                 pending = inflight.get(op_id)
                 if pending is not None:
                     dup_waits.append((len(statuses), pending))
@@ -226,7 +260,7 @@ class Node:
             p, n = apply_local(table, key, delta)
             statuses.append(_APPLIED)
             records.append(LogRecord(APPLY, op_id, table, key, delta, me, p, n, now))
-            targets = tuple(t for t in prefs_of(table, key) if t != me)
+            targets = targets_of(table, key)
             item = [op_id, table, key, me, p, n, delta, now]
             group = groups.get(targets)
             if group is None:
@@ -236,12 +270,23 @@ class Node:
         self.metrics.duplicates += len(ops) - len(records)
         return statuses, records, groups, dup_waits
 
+    def _targets_of(self, table: str, key: str) -> tuple[str, ...]:
+        """The key's replicas other than this node (cached per preference list)."""
+        prefs = self.ring.preference_list(table, key)
+        targets = self._targets.get(prefs)
+        if targets is None:
+            targets = self._targets[prefs] = tuple(t for t in prefs if t != self.id)
+        return targets
+
     async def _replicate(self, targets: tuple[str, ...], items: list[list[Any]],
                          own: asyncio.Future[None]) -> bool:
-        futures: list[asyncio.Future[Any]] = [own]
-        futures += [self.links[t].call(Kind.REPLICATE, items) for t in targets]
+        """True once the op is durable here AND on W-1 other replicas: the leader's own copy is
+        required, so an acked op is always in its leader's log (never in a torn tail)."""
+        remote = [self.links[t].call(Kind.REPLICATE, items) for t in targets]
         self.metrics.replicated_out += len(items) * len(targets)
-        done = quorum_future(futures, self.config.quorum, self.config.quorum_timeout)
+        timeout = self.config.quorum_timeout
+        others = quorum_future(remote, self.config.quorum - 1, timeout)
+        done = quorum_future([own, others], 2, timeout)
         for op in items:
             self._inflight[op[0]] = done
         try:
@@ -266,20 +311,17 @@ class Node:
                     self.metrics.applied += 1
 
     def _group_ids(self, targets: tuple[str, ...], ops: Sequence[Op]) -> Iterable[str]:
-        me = self.id
         for table, key, op_id, _, _ in ops:
-            if tuple(t for t in self.ring.preference_list(table, key) if t != me) == targets:
+            if self._targets_of(table, key) == targets:
                 yield op_id
 
     # -- replica ---------------------------------------------------------------------------
 
     def on_replicate(self, items: list[list[Any]]) -> asyncio.Future[None]:
-        state = self.state
-        merge = state.shards.merge_pair
+        self.state.seen_or_add_many(items, 1, 0)  # learn the ids: dedup state stays in sync
+        merge = self.state.shards.merge_pair
         records = []
         for op_id, table, key, origin, p, n, delta, ts in items:
-            dedup = state.dedups.get(table) or state.dedup(table)
-            dedup.seen_or_add(op_id.encode())
             merge(table, key, origin, p, n)
             records.append(LogRecord(REPLICA, op_id, table, key, delta, origin, p, n, ts))
         self.metrics.replicated_in += len(items)

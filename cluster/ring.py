@@ -27,7 +27,7 @@ class Ring:
 
     __slots__ = ("members", "vnodes", "rf", "_tokens", "_prefs")
 
-    def __init__(self, members: Iterable[str], *, vnodes: int = 128, rf: int = 3) -> None:
+    def __init__(self, members: Iterable[str], *, vnodes: int = 256, rf: int = 3) -> None:
         names = sorted(set(members))
         if not names:
             raise ValueError("a ring needs at least one member")

@@ -180,13 +180,19 @@ class ShardStore:
         blob = msgpack.unpackb(data, strict_map_key=True)
         store = cls(own)
         origins: list[str] = blob["origins"]
-        if blob["own"] == own and origins and origins[0] == own:
+        tables: dict[str, dict[str, list[int]]] = blob["tables"]
+        if own not in origins:  # a new incarnation: shift every row to put ``own`` first
+            origins = [own, *origins]
+            for rows in tables.values():
+                for row in rows.values():
+                    row[:0] = (0, 0)
+        if origins[0] == own:
             store._origins = list(origins)
             store._index = {name: i for i, name in enumerate(origins)}
-            store._tables = blob["tables"]
-            store.keys = sum(len(rows) for rows in store._tables.values())
+            store._tables = tables
+            store.keys = sum(len(rows) for rows in tables.values())
             return store
-        for table, rows in blob["tables"].items():
+        for table, rows in tables.items():
             for key, row in rows.items():
                 for j in range(0, len(row), 2):
                     if row[j] or row[j + 1]:

@@ -7,7 +7,7 @@ idempotent because shard entries merge by max and re-inserting an op id is harml
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgpack
@@ -16,6 +16,19 @@ from cluster.config import NodeConfig
 from cluster.shards import ShardStore
 
 SNAPSHOT_VERSION = 1
+_VECTOR_MIN = 8  # below this, numpy's fixed cost beats its per-item gain
+
+
+def _many(dedup: Any, ids: list[bytes]) -> list[bool]:
+    """Batch ``seen_or_add``: the strategy's own batch call if it has one, the plain FBF's
+    vectorised ``add_many`` (the same answers as one-by-one adds), else a loop."""
+    many = getattr(dedup, "seen_or_add_many", None)
+    if many is not None:
+        return list(many(ids))
+    if len(ids) >= _VECTOR_MIN and getattr(dedup, "name", "") == "fbf":
+        return (~dedup.filter.add_many(ids)).tolist()
+    seen = dedup.seen_or_add
+    return [seen(x) for x in ids]
 
 
 def _dedup_module() -> Any:
@@ -33,6 +46,10 @@ class NodeState:
         self.shards = ShardStore(config.node_id)
         self.dedups: dict[str, Any] = {}
 
+    def set_origin(self, origin: str) -> None:
+        """The origin id this node raises from now on (a fresh incarnation)."""
+        self.shards = ShardStore(origin)
+
     def dedup(self, table: str) -> Any:
         """The table's dedup, created on first use with the table's configured strategy."""
         d = self.dedups.get(table)
@@ -43,6 +60,27 @@ class NodeState:
                 target_fpp=cfg.target_fpp, clock=self.clock, max_bytes=cfg.max_dedup_bytes,
             )
         return d
+
+    def seen_or_add_many(self, items: Sequence[Sequence[Any]], table_at: int,
+                         id_at: int) -> list[bool]:
+        """Dedup check-and-insert for a batch (``item[id_at]`` in table ``item[table_at]``);
+        True marks a duplicate. One vectorised filter call per table where the strategy has one.
+        """
+        if len(items) == 1:
+            item = items[0]
+            return [self.dedup(item[table_at]).seen_or_add(item[id_at].encode())]
+        first = items[0][table_at]
+        if all(item[table_at] == first for item in items):
+            return _many(self.dedup(first), [item[id_at].encode() for item in items])
+        out = [False] * len(items)
+        by_table: dict[str, list[int]] = {}
+        for i, item in enumerate(items):
+            by_table.setdefault(item[table_at], []).append(i)
+        for table, idx in by_table.items():
+            flags = _many(self.dedup(table), [items[i][id_at].encode() for i in idx])
+            for i, flag in zip(idx, flags, strict=True):
+                out[i] = flag
+        return out
 
     def window(self, table: str) -> float:
         """Seconds within which a retry on ``table`` is recognised (the node's op_expired limit)."""
@@ -71,7 +109,7 @@ class NodeState:
         data = msgpack.unpackb(blob, strict_map_key=True)
         if data.get("version") != SNAPSHOT_VERSION:
             raise ValueError(f"snapshot version {data.get('version')} is not {SNAPSHOT_VERSION}")
-        self.shards = ShardStore.from_bytes(data["shards"], self.config.node_id)
+        self.shards = ShardStore.from_bytes(data["shards"], self.shards.own)
         load = _dedup_module().load_dedup
         self.dedups = {table: load(raw, clock=self.clock) for table, raw in data["dedup"].items()}
 

@@ -1,0 +1,238 @@
+"""Cluster benchmark: 3 real node processes, RF=3, W=2, fsync on; bounded in time.
+
+    python -m bench.bench_cluster [--seconds 8] [--concurrency 24] [--batch 100] [--no-memory]
+
+Measures, in one run against one cluster:
+  1. /v1/batch throughput (``--batch`` ops a request): ops/s, request p50/p99;
+  2. one op per HTTP request: ops/s, p50/p99;
+  3. write latency with the FBF vs dedup off: the same cluster serves table ``fbf_t`` with the
+     FBF and ``none_t`` with no dedup (``--dedup fbf,none_t=none``); requests alternate;
+  4. node memory: RSS of a live node after loading ``--live-counters`` distinct counters, and
+     RSS of fresh processes holding 1M counters / a window of 1M op ids (``--no-memory`` skips).
+The load generator runs in this process on the same machine and competes for the same cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from bench.httpload import HttpConn
+from cluster.local import LocalCluster
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+class Load:
+    def __init__(self, cluster: LocalCluster, keys: int, prefix: str) -> None:
+        self.addrs = [(n.host, n.port) for n in cluster.nodes.values()]
+        self.keys = keys
+        self.seq = itertools.count()
+        self.prefix = prefix
+        self.errors = 0
+
+    def op(self, table: str) -> dict[str, Any]:
+        return {"table": table, "key": f"k{random.randrange(self.keys)}",
+                "op_id": f"{self.prefix}:{next(self.seq)}", "delta": 1}
+
+    async def run(self, concurrency: int, seconds: float, make: Any) -> dict[str, list[float]]:
+        """``make(conn)`` sends one request and returns (label, ops); latencies per label."""
+        lat: dict[str, list[float]] = {}
+        ops = [0]
+        deadline = time.perf_counter() + seconds
+
+        async def worker(i: int) -> None:
+            conn = await HttpConn.open(*self.addrs[i % len(self.addrs)])
+            try:
+                while time.perf_counter() < deadline:
+                    t0 = time.perf_counter()
+                    label, n, ok = await make(conn)
+                    lat.setdefault(label, []).append(time.perf_counter() - t0)
+                    ops[0] += n
+                    self.errors += not ok
+            finally:
+                await conn.close()
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(i) for i in range(concurrency)))
+        lat["_elapsed"] = [time.perf_counter() - start]
+        lat["_ops"] = [float(ops[0])]
+        return lat
+
+
+async def batch_phase(load: Load, args: argparse.Namespace) -> dict[str, Any]:
+    async def make(conn: HttpConn) -> tuple[str, int, bool]:
+        body = msgpack.packb({"ops": [load.op("fbf_t") for _ in range(args.batch)]})
+        status, _ = await conn.request("POST", "/v1/batch", body)
+        return "batch", args.batch, status == 200
+
+    lat = await load.run(args.concurrency, args.seconds, make)
+    return summary("batch", lat)
+
+
+async def single_phase(load: Load, args: argparse.Namespace, tables: list[str],
+                       concurrency: int) -> dict[str, Any]:
+    turn = itertools.cycle(tables)
+
+    async def make(conn: HttpConn) -> tuple[str, int, bool]:
+        table = next(turn)
+        op = load.op(table)
+        body = msgpack.packb({"op_id": op["op_id"], "delta": 1})
+        status, _ = await conn.request("POST", f"/v1/counters/{table}/{op['key']}", body)
+        return table, 1, status == 200
+
+    lat = await load.run(concurrency, args.seconds, make)
+    return {t: summary(t, lat, label=t) for t in tables}
+
+
+def summary(name: str, lat: dict[str, list[float]], label: str | None = None) -> dict[str, Any]:
+    values = lat.get(label or name, [])
+    elapsed = lat["_elapsed"][0]
+    return {
+        "requests": len(values),
+        "ops_per_s": round(lat["_ops"][0] / elapsed) if label is None else None,
+        "p50_ms": round(pct(values, 0.50) * 1e3, 3),
+        "p99_ms": round(pct(values, 0.99) * 1e3, 3),
+        "mean_ms": round(statistics.fmean(values) * 1e3, 3) if values else None,
+    }
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+async def load_counters(cluster: LocalCluster, count: int) -> float:
+    """Write ``count`` distinct counters through /v1/batch; returns seconds taken."""
+    addrs = [(n.host, n.port) for n in cluster.nodes.values()]
+    per = 500
+    chunks = iter(range(0, count, per))
+    start = time.perf_counter()
+
+    async def worker(i: int) -> None:
+        conn = await HttpConn.open(*addrs[i % len(addrs)])
+        try:
+            for base in chunks:
+                ops = [{"table": "mem", "key": f"c{j}", "op_id": f"mem:{j}", "delta": 1}
+                       for j in range(base, min(base + per, count))]
+                await conn.request("POST", "/v1/batch", msgpack.packb({"ops": ops}))
+        finally:
+            await conn.close()
+
+    await asyncio.gather(*(worker(i) for i in range(12)))
+    return time.perf_counter() - start
+
+
+_MEM_SNIPPET = r"""
+import sys, time, json, gc
+from pathlib import Path
+def rss():
+    for l in Path('/proc/self/status').read_text().splitlines():
+        if l.startswith('VmRSS:'): return int(l.split()[1])
+from cluster.shards import ShardStore
+from cluster.dedup import make_dedup
+what, n = sys.argv[1], int(sys.argv[2])
+base = rss()
+if what == 'counters':
+    s = ShardStore('n1')
+    for i in range(n):
+        s.apply_local('t', f'user:{i:08d}', 1000 + i)
+    extra = {}
+else:
+    d = make_dedup(what, window=10.0, rate=n / 10.0, target_fpp=1e-6)
+    for i in range(n):
+        d.seen_or_add(f'client-{i % 64}:{i}'.encode())
+    extra = {'nbytes': d.nbytes(), 'estimated_fpp': d.estimated_fpp()}
+gc.collect()
+print(json.dumps({'what': what, 'n': n, 'rss_delta_mib': round((rss() - base) / 1024, 1), **extra}))
+"""
+
+
+def memory_offline(n: int) -> list[dict[str, Any]]:
+    out = []
+    for what in ("counters", "fbf", "exact"):
+        res = subprocess.run([sys.executable, "-c", _MEM_SNIPPET, what, str(n)],
+                             capture_output=True, text=True, timeout=300, check=True)
+        out.append(json.loads(res.stdout))
+    return out
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    extra = ["--dedup", "fbf,none_t=none", "--rate", "200000", "--window", "10"]
+    if not args.fsync:
+        extra.append("--no-fsync")
+    results: dict[str, Any] = {"config": {"nodes": 3, "rf": 3, "write_quorum": 2,
+                                          "fsync": args.fsync, "cores": os.cpu_count()}}
+    async with LocalCluster(3, rf=3, extra_args=extra) as cluster:
+        load = Load(cluster, args.keys, f"bench{os.getpid()}")
+        await single_phase(load, args, ["fbf_t"], 8)  # warm up connections and tables
+        results["batch"] = await batch_phase(load, args)
+        print("batch:", results["batch"], flush=True)
+        results["single"] = (await single_phase(load, args, ["fbf_t"], args.concurrency))["fbf_t"]
+        sec = results["single"]
+        sec["ops_per_s"] = round(sec["requests"] / args.seconds)
+        print("single:", sec, flush=True)
+        cmp = await single_phase(load, args, ["fbf_t", "none_t"], args.compare_concurrency)
+        ratio = {k: round(cmp["fbf_t"][k] / cmp["none_t"][k], 3) for k in ("p50_ms", "mean_ms")}
+        results["fbf_vs_none"] = {**cmp, "ratio": ratio}
+        print("fbf vs none:", results["fbf_vs_none"], flush=True)
+        results["errors"] = load.errors
+        if args.live_counters:
+            secs = await load_counters(cluster, args.live_counters)
+            results["live_memory"] = {
+                "counters_loaded": args.live_counters, "load_seconds": round(secs, 1),
+                "rss_mib": {n.id: round(rss_kib(n.proc.pid) / 1024, 1)
+                            for n in cluster.nodes.values() if n.proc},
+            }
+            print("live memory:", results["live_memory"], flush=True)
+    if args.memory:
+        results["memory_1m"] = memory_offline(1_000_000)
+        print("memory (fresh process, 1M):", results["memory_1m"], flush=True)
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.bench_cluster")
+    ap.add_argument("--seconds", type=float, default=8.0, help="per phase")
+    ap.add_argument("--concurrency", type=int, default=24)
+    ap.add_argument("--compare-concurrency", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=100)
+    ap.add_argument("--keys", type=int, default=10_000)
+    ap.add_argument("--fsync", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--live-counters", type=int, default=1_000_000,
+                    help="distinct counters to load into the live cluster (0: skip)")
+    ap.add_argument("--json", default=None, help="also write the results here")
+    args = ap.parse_args()
+    try:
+        import uvloop
+
+        results = uvloop.run(main_async(args))
+    except ImportError:
+        results = asyncio.run(main_async(args))
+    print(json.dumps(results, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""Helpers for the multi-process tests: a cluster of real nodes, a small JSON client, waits."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+
+from cluster.local import LocalCluster
+
+
+@contextlib.asynccontextmanager
+async def running_cluster(nodes: int = 3, **kw: Any) -> AsyncIterator[LocalCluster]:
+    cluster = LocalCluster(nodes, **kw)
+    await cluster.start()
+    try:
+        yield cluster
+    finally:
+        try:
+            await asyncio.wait_for(cluster.stop(timeout=5.0), 20.0)
+        finally:
+            await cluster.abort()
+
+
+class Client:
+    """JSON over aiohttp, one session; returns (status, decoded body)."""
+
+    def __init__(self) -> None:
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+
+    async def close(self) -> None:
+        await self.session.close()
+
+    async def _req(self, method: str, url: str, **kw: Any) -> tuple[int, Any]:
+        async with self.session.request(method, url, **kw) as resp:
+            raw = await resp.read()
+            try:
+                return resp.status, json.loads(raw) if raw else None
+            except ValueError:
+                return resp.status, raw
+
+    async def add(self, base: str, table: str, key: str, op_id: str, delta: int,
+                  **extra: Any) -> tuple[int, Any]:
+        body = {"op_id": op_id, "delta": delta, **extra}
+        return await self._req("POST", f"{base}/v1/counters/{table}/{key}", json=body)
+
+    async def batch(self, base: str, ops: list[dict[str, Any]]) -> tuple[int, Any]:
+        return await self._req("POST", f"{base}/v1/batch", json={"ops": ops})
+
+    async def raw_post(self, url: str, data: bytes, content_type: str = "application/json"
+                       ) -> tuple[int, Any]:
+        return await self._req("POST", url, data=data, headers={"Content-Type": content_type})
+
+    async def value(self, base: str, table: str, key: str, consistency: str = "one") -> int:
+        status, body = await self._req(
+            "GET", f"{base}/v1/counters/{table}/{key}", params={"consistency": consistency})
+        assert status == 200, (status, body)
+        return int(body["value"])
+
+    async def get(self, url: str) -> tuple[int, Any]:
+        return await self._req("GET", url)
+
+
+async def wait_until(cond: Callable[[], Awaitable[bool]], timeout: float = 10.0,
+                     what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if await cond():
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.05)
