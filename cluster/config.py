@@ -6,7 +6,7 @@ Every field, its default and its constraint (durations are float seconds):
     listen              "host:port" this node serves HTTP and peer traffic on
     peers               every member, the node itself included: ((id, host, port), ...)
     data_dir            directory holding the durable log and snapshots
-    rf = 3              replicas per key, 1 <= rf <= len(peers)
+    rf = 0              replicas per key, 1 <= rf <= len(peers); 0 = min(3, len(peers))
     write_quorum = 0    durable acks needed before an ack (0 = majority of rf); 1 <= W <= rf
     dedup = "fbf"       default dedup strategy (cluster.dedup.DEDUP_NAMES)
     dedup_tables = ()   per-table overrides: ((table, strategy), ...)
@@ -87,7 +87,7 @@ class NodeConfig:
     listen: tuple[str, int]
     peers: tuple[Peer, ...]
     data_dir: str
-    rf: int = 3
+    rf: int = 0
     write_quorum: int = 0
     dedup: str = "fbf"
     dedup_tables: tuple[tuple[str, str], ...] = ()
@@ -115,6 +115,8 @@ class NodeConfig:
             raise ConfigError("peers: at least one member is required")
         if self.node_id not in ids:
             raise ConfigError(f"node_id: {self.node_id!r} is not in peers {ids}")
+        if self.rf == 0:
+            object.__setattr__(self, "rf", min(3, len(ids)))
         if not 1 <= self.rf <= len(ids):
             raise ConfigError(f"rf: must be between 1 and {len(ids)} (members), got {self.rf}")
         if not 0 <= self.write_quorum <= self.rf:

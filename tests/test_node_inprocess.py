@@ -1,0 +1,126 @@
+"""Three nodes in one event loop (real sockets, no fsync): write path, quorum loss, recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from cluster_util import Client
+
+from cluster.config import NodeConfig, from_mapping
+from cluster.local import free_ports
+from cluster.ring import Ring
+from cluster.server import NodeServer
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def configs(tmp: Path, **extra: object) -> list[NodeConfig]:
+    ports = free_ports(3)
+    peers = ",".join(f"n{i + 1}=127.0.0.1:{p}" for i, p in enumerate(ports))
+    return [from_mapping({"node_id": f"n{i + 1}", "listen": f"127.0.0.1:{p}", "peers": peers,
+                          "data_dir": str(tmp / f"n{i + 1}"), "fsync": False,
+                          "quorum_timeout": 0.5, **extra})
+            for i, p in enumerate(ports)]
+
+
+@contextlib.asynccontextmanager
+async def nodes(cfgs: list[NodeConfig]) -> AsyncIterator[list[NodeServer]]:
+    servers = [NodeServer(c) for c in cfgs]
+    try:
+        for s in servers:
+            await s.start()
+        yield servers
+    finally:
+        for s in servers:
+            with contextlib.suppress(Exception):
+                await s.stop()
+
+
+def url(server: NodeServer) -> str:
+    assert server.address is not None
+    return f"http://{server.address[0]}:{server.address[1]}"
+
+
+async def test_write_read_and_restart_recovers_state_and_dedup(tmp_path: Path) -> None:
+    cfgs = configs(tmp_path)
+    client = Client()
+    try:
+        async with nodes(cfgs) as servers:
+            for i in range(30):
+                status, body = await client.add(url(servers[i % 3]), "t", f"k{i % 3}", f"c:{i}", 2)
+                assert body == {"applied": True}
+            await servers[0].snapshot()  # half the history in a snapshot, half in the log
+            for i in range(30, 40):
+                await client.add(url(servers[i % 3]), "t", f"k{i % 3}", f"c:{i}", 2)
+        async with nodes(cfgs) as servers:
+            node = servers[0].node
+            assert node.metrics.replayed > 0
+            assert sum(node.state.shards.value("t", f"k{j}") for j in range(3)) == 80
+            for i in range(40):
+                status, body = await client.add(url(servers[0]), "t", f"k{i % 3}", f"c:{i}", 2)
+                assert body == {"applied": False, "duplicate": True}, i
+            assert node.origin.startswith("n1@") and node.origin != "n1@1"
+    finally:
+        await client.close()
+
+
+async def test_quorum_loss_answers_503_and_retry_is_safe(tmp_path: Path) -> None:
+    cfgs = configs(tmp_path)
+    ring = Ring(["n1", "n2", "n3"])
+    key = next(f"k{i}" for i in range(100) if ring.leader("t", f"k{i}") == "n1")
+    client = Client()
+    try:
+        async with nodes(cfgs) as servers:
+            await servers[1].stop()
+            await servers[2].stop()
+            status, body = await client.add(url(servers[0]), "t", key, "q:1", 1)
+            assert status == 503 and body["error"]["code"] == "unavailable"
+            status, body = await client.batch(url(servers[0]), [
+                {"table": "t", "key": key, "op_id": "q:2", "delta": 1}])
+            assert status == 200 and body["results"][0]["status"] == 503
+            status, body = await client.get(f"{url(servers[0])}/v1/counters/t/{key}"
+                                            "?consistency=quorum")
+            assert status == 503
+            assert (await client.get(f"{url(servers[0])}/v1/counters/t/{key}"
+                                     "?consistency=one"))[0] == 200
+    finally:
+        await client.close()
+
+
+async def test_duplicate_in_flight_waits_for_the_original(tmp_path: Path) -> None:
+    cfgs = configs(tmp_path)
+    client = Client()
+    try:
+        async with nodes(cfgs) as servers:
+            base = url(servers[0])
+            results = await asyncio.gather(*(client.add(base, "t", "same", "d:1", 3)
+                                             for _ in range(10)))
+            bodies = [b for _, b in results]
+            assert bodies.count({"applied": True}) == 1
+            assert bodies.count({"applied": False, "duplicate": True}) == 9
+            assert await client.value(base, "t", "same", "all") == 3
+    finally:
+        await client.close()
+
+
+async def test_per_table_dedup_strategies(tmp_path: Path) -> None:
+    cfgs = configs(tmp_path, dedup="fbf,ex=exact,off=none")
+    client = Client()
+    try:
+        async with nodes(cfgs) as servers:
+            base = url(servers[1])
+            for table in ("ex", "off", "plain"):
+                await client.add(base, table, "k", "s:1", 1)
+                await client.add(base, table, "k", "s:1", 1)
+            assert await client.value(base, "ex", "k", "all") == 1
+            assert await client.value(base, "off", "k", "all") == 2  # no dedup: counts twice
+            assert await client.value(base, "plain", "k", "all") == 1
+            status, health = await client.get(base + "/v1/health")
+            assert health["tables"]["ex"]["strategy"] == "exact"
+            assert health["tables"]["plain"]["strategy"] == "fbf"
+    finally:
+        await client.close()
