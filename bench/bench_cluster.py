@@ -40,9 +40,20 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """utime + stime of the processes (all their threads), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
 class Load:
     def __init__(self, cluster: LocalCluster, keys: int, prefix: str) -> None:
         self.addrs = [(n.host, n.port) for n in cluster.nodes.values()]
+        self.pids = [n.proc.pid for n in cluster.nodes.values() if n.proc]
         self.keys = keys
         self.seq = itertools.count()
         self.prefix = prefix
@@ -70,11 +81,30 @@ class Load:
             finally:
                 await conn.close()
 
+        fsyncs0 = await self.fsyncs()
         start = time.perf_counter()
+        cpu0, own0 = cpu_seconds(self.pids), time.process_time()
         await asyncio.gather(*(worker(i) for i in range(concurrency)))
         lat["_elapsed"] = [time.perf_counter() - start]
         lat["_ops"] = [float(ops[0])]
+        lat["_node_cpu"] = [cpu_seconds(self.pids) - cpu0]
+        lat["_client_cpu"] = [time.process_time() - own0]
+        lat["_fsyncs"] = [float(await self.fsyncs() - fsyncs0)]
         return lat
+
+    async def fsyncs(self) -> int:
+        """Group-commit fsyncs so far, summed over the nodes (from /metrics)."""
+        total = 0
+        for addr in self.addrs:
+            conn = await HttpConn.open(*addr)
+            try:
+                _, body = await conn.request("GET", "/metrics", content_type="text/plain")
+            finally:
+                await conn.close()
+            for line in body.decode().splitlines():
+                if line.startswith("idc_log_fsyncs_total "):
+                    total += int(float(line.split()[1]))
+        return total
 
 
 async def batch_phase(load: Load, args: argparse.Namespace) -> dict[str, Any]:
@@ -105,8 +135,13 @@ async def single_phase(load: Load, args: argparse.Namespace, tables: list[str],
 def summary(name: str, lat: dict[str, list[float]], label: str | None = None) -> dict[str, Any]:
     values = lat.get(label or name, [])
     elapsed = lat["_elapsed"][0]
+    ops = max(lat["_ops"][0], 1.0)
     return {
         "requests": len(values),
+        "node_cpu_us_per_op": round(lat["_node_cpu"][0] / ops * 1e6, 1),
+        "client_cpu_us_per_op": round(lat["_client_cpu"][0] / ops * 1e6, 1),
+        "ops_per_fsync": round(ops / max(lat["_fsyncs"][0], 1.0), 1),
+        "fsyncs_per_s": round(lat["_fsyncs"][0] / elapsed),
         "ops_per_s": round(lat["_ops"][0] / elapsed) if label is None else None,
         "p50_ms": round(pct(values, 0.50) * 1e3, 3),
         "p99_ms": round(pct(values, 0.99) * 1e3, 3),
@@ -177,7 +212,7 @@ def memory_offline(n: int) -> list[dict[str, Any]]:
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    extra = ["--dedup", "fbf,none_t=none", "--rate", "200000", "--window", "10"]
+    extra = ["--dedup", "fbf,none_t=none", "--rate", "200000", "--window", "10", *args.node_args]
     if not args.fsync:
         extra.append("--no-fsync")
     results: dict[str, Any] = {"config": {"nodes": 3, "rf": 3, "write_quorum": 2,
@@ -222,6 +257,8 @@ def main() -> None:
     ap.add_argument("--live-counters", type=int, default=1_000_000,
                     help="distinct counters to load into the live cluster (0: skip)")
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--node-args", nargs=argparse.REMAINDER, default=[],
+                    help="extra flags for every node, e.g. --node-args --max-inflight-frames 2")
     args = ap.parse_args()
     try:
         import uvloop

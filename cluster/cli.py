@@ -24,6 +24,7 @@ _FLAGS: dict[str, tuple[str, type]] = {
     "quorum_timeout": ("quorum_timeout", float),
     "snapshot_interval": ("snapshot_interval", float),
     "drain_timeout": ("drain_timeout", float),
+    "max_inflight_frames": ("max_inflight_frames", int),
 }
 
 

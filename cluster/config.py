@@ -23,6 +23,8 @@ Every field, its default and its constraint (durations are float seconds):
     snapshot_interval = 30.0  seconds between snapshots (when the log grew at all)
     snapshot_log_bytes = 256 MiB  log growth that triggers a snapshot sooner
     adapt_interval = 1.0      period of the adaptive FBF's Algorithm 3 step
+    max_inflight_frames = 0   unanswered frames per peer and kind before calls pile up into
+                              the next frame (0 = no limit: one frame per event-loop turn)
     drain_timeout = 5.0       SIGTERM: time allowed for in-flight requests
 """
 
@@ -106,6 +108,7 @@ class NodeConfig:
     snapshot_interval: float = 30.0
     snapshot_log_bytes: int = 256 << 20
     adapt_interval: float = 1.0
+    max_inflight_frames: int = 0
     drain_timeout: float = 5.0
     extra: Mapping[str, Any] = field(default_factory=dict)
 

@@ -44,6 +44,7 @@ _RESULTS: dict[int, dict[str, Any]] = {
 }
 _RESULTS[int(Status.ERROR)] = _RESULTS[_UNAVAILABLE]
 _JSON_RESULTS = {k: json.dumps(v, separators=(",", ":")).encode() for k, v in _RESULTS.items()}
+_MSGPACK_RESULTS = {k: msgpack.packb(v) for k, v in _RESULTS.items()}
 
 
 def _wants_msgpack(request: web.Request) -> bool:
@@ -86,7 +87,9 @@ async def post_counter(request: web.Request) -> web.Response:
     status = (await node.submit([op[:5]]))[0]
     if status == _UNAVAILABLE or status == int(Status.ERROR):
         raise Unavailable("write quorum not met in time; retry with the same op_id")
-    return reply(request, _RESULTS[status])
+    if _wants_msgpack(request):
+        return web.Response(body=_MSGPACK_RESULTS[status], content_type="application/msgpack")
+    return web.Response(body=_JSON_RESULTS[status], content_type="application/json")
 
 
 async def post_batch(request: web.Request) -> web.Response:

@@ -114,12 +114,15 @@ class Node:
         self.origin = self.id  # becomes "<id>@<incarnation>" in recover()
         self.log = DurableLog(Path(config.data_dir) / "log", fsync=config.fsync)
         self.links: dict[str, PeerLink] = {
-            pid: PeerLink(self.id, pid, host, port, connect_timeout=config.peer_connect_timeout)
+            pid: PeerLink(self.id, pid, host, port, connect_timeout=config.peer_connect_timeout,
+                          max_inflight_frames=config.max_inflight_frames)
             for pid, host, port in config.peers if pid != self.id
         }
         self.metrics = NodeMetrics()
         self._inflight: dict[str, asyncio.Future[bool]] = {}
         self._targets: dict[tuple[str, ...], tuple[str, ...]] = {}
+        self._everyone_else = (tuple(m for m in self.ring.members if m != self.id)
+                               if self.ring.replicates_everywhere else None)
         self.is_live: Callable[[str], bool] = self._is_live
 
     def _is_live(self, node_id: str) -> bool:
@@ -272,6 +275,8 @@ class Node:
 
     def _targets_of(self, table: str, key: str) -> tuple[str, ...]:
         """The key's replicas other than this node (cached per preference list)."""
+        if self._everyone_else is not None:
+            return self._everyone_else
         prefs = self.ring.preference_list(table, key)
         targets = self._targets.get(prefs)
         if targets is None:
@@ -319,11 +324,9 @@ class Node:
 
     def on_replicate(self, items: list[list[Any]]) -> asyncio.Future[None]:
         self.state.seen_or_add_many(items, 1, 0)  # learn the ids: dedup state stays in sync
-        merge = self.state.shards.merge_pair
-        records = []
-        for op_id, table, key, origin, p, n, delta, ts in items:
-            merge(table, key, origin, p, n)
-            records.append(LogRecord(REPLICA, op_id, table, key, delta, origin, p, n, ts))
+        self.state.shards.merge_items(items)
+        records = [LogRecord(REPLICA, op_id, table, key, delta, origin, p, n, ts)
+                   for op_id, table, key, origin, p, n, delta, ts in items]
         self.metrics.replicated_in += len(items)
         return self.log.append_nowait(records)
 
@@ -345,13 +348,13 @@ class Node:
     def handle_peer(self, peer_id: str, kind: int, body: Any) -> Any:
         """Dispatch one inbound peer frame (the ``PeerProtocol`` handler)."""
         if kind == Kind.REPLICATE:
-            return _ack(self.on_replicate(body))
+            return self.on_replicate(body)  # replies None once durable
         if kind == Kind.FORWARD:
             return self.lead(body)
         if kind == Kind.READ:
             return self.on_read(body)
         if kind == Kind.REPAIR:
-            return _ack(self.on_repair(body))
+            return self.on_repair(body)
         raise ValueError(f"unknown peer frame kind {kind}")
 
     # -- reads -----------------------------------------------------------------------------
@@ -411,10 +414,6 @@ def _consume(fut: asyncio.Future[Any]) -> None:
     if not fut.cancelled():
         fut.exception()
 
-
-async def _ack(fut: asyncio.Future[None]) -> bool:
-    await fut
-    return True
 
 
 if __name__ == "__main__":

@@ -65,7 +65,9 @@ class PeerProtocol(asyncio.Protocol):
         except Exception as exc:  # a bad request must not take the connection down
             self._reply_error(req_id, exc)
             return
-        if isinstance(result, Awaitable):
+        if isinstance(result, asyncio.Future):  # reply from a callback: no task per frame
+            result.add_done_callback(lambda f: self._finished(req_id, f))
+        elif isinstance(result, Awaitable):
             task = asyncio.ensure_future(self._finish(req_id, result))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -81,6 +83,14 @@ class PeerProtocol(asyncio.Protocol):
             self._reply_error(req_id, exc)
             return
         self.send(encode_frame(Kind.REPLY, req_id, result))
+
+    def _finished(self, req_id: int, fut: asyncio.Future[Any]) -> None:
+        if fut.cancelled():
+            self._reply_error(req_id, PeerError("cancelled"))
+        elif (exc := fut.exception()) is not None:
+            self._reply_error(req_id, exc)  # type: ignore[arg-type]
+        else:
+            self.send(encode_frame(Kind.REPLY, req_id, fut.result()))
 
     def _reply_error(self, req_id: int, exc: Exception) -> None:
         log.warning("peer request from %s failed: %r", self.peer_id, exc)
@@ -110,8 +120,13 @@ class PeerLink:
     """Outbound connection to one peer, connected lazily and again after a loss."""
 
     def __init__(self, own_id: str, peer_id: str, host: str, port: int, *,
-                 connect_timeout: float = 1.0, retry_interval: float = 0.2) -> None:
+                 connect_timeout: float = 1.0, retry_interval: float = 0.2,
+                 max_inflight_frames: int = 0) -> None:
         self.own_id, self.peer_id, self.host, self.port = own_id, peer_id, host, port
+        # Frames of one kind allowed unanswered at once (0: no limit). While the limit is
+        # reached, calls accumulate into the next frame: bigger frames exactly when busy.
+        self.max_inflight_frames = max_inflight_frames
+        self._kind_inflight: dict[int, int] = {}
         self.connect_timeout = connect_timeout
         self.retry_interval = retry_interval
         self._proto: PeerProtocol | None = None
@@ -119,7 +134,7 @@ class PeerLink:
         self._last_failure = 0.0
         self._pending: dict[int, _Batch] = {}
         self._flush_scheduled = False
-        self._inflight: dict[int, tuple[list[Waiter], float]] = {}
+        self._inflight: dict[int, tuple[list[Waiter], float, int]] = {}
         self._ids = itertools.count(1)
         self._closed = False
         self.frames_sent = 0
@@ -169,22 +184,34 @@ class PeerLink:
             return
         now = time.monotonic()
         frames = []
-        for kind, batch in self._pending.items():
+        limit, counts = self.max_inflight_frames, self._kind_inflight
+        for kind, batch in list(self._pending.items()):
+            if limit and counts.get(kind, 0) >= limit:
+                continue  # sent when a reply frees a slot
+            del self._pending[kind]
+            counts[kind] = counts.get(kind, 0) + 1
             req_id = next(self._ids)
             frame = encode_frame(kind, req_id, batch.items)
-            self._inflight[req_id] = (batch.waiters, now)
+            self._inflight[req_id] = (batch.waiters, now, kind)
             frames.append(frame)
             self.items_sent += len(batch.items)
             self.bytes_sent += len(frame)
         self.frames_sent += len(frames)
-        self._pending.clear()
-        proto.transport.writelines(frames)
+        if frames:
+            proto.transport.writelines(frames)
+
+    def _release(self, kind: int) -> None:
+        self._kind_inflight[kind] -= 1
+        if kind in self._pending and not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
 
     def _on_reply(self, kind: int, req_id: int, body: Any) -> None:
         entry = self._inflight.pop(req_id, None)
         if entry is None:
             return
         waiters = entry[0]
+        self._release(entry[2])
         if kind == Kind.ERROR:
             err = PeerError(f"peer {self.peer_id}: {body}")
             for _, _, fut in waiters:
@@ -230,9 +257,10 @@ class PeerLink:
 
     def _fail_all(self, err: PeerError) -> None:
         waiters = [w for batch in self._pending.values() for w in batch.waiters]
-        waiters += [w for ws, _ in self._inflight.values() for w in ws]
+        waiters += [w for ws, _, _ in self._inflight.values() for w in ws]
         self._pending.clear()
         self._inflight.clear()
+        self._kind_inflight.clear()
         for _, _, fut in waiters:
             if not fut.done():
                 fut.set_exception(err)
@@ -241,9 +269,10 @@ class PeerLink:
     def sweep(self, max_age: float) -> None:
         """Forget requests whose callers all gave up and that the peer never answered."""
         cutoff = time.monotonic() - max_age
-        for req_id, (waiters, sent) in list(self._inflight.items()):
+        for req_id, (waiters, sent, kind) in list(self._inflight.items()):
             if sent < cutoff and all(f.done() for _, _, f in waiters):
                 del self._inflight[req_id]
+                self._release(kind)
 
     async def stop(self) -> None:
         self.abort()

@@ -25,7 +25,7 @@ def token(data: bytes) -> int:
 class Ring:
     """Members on a ring of 2**64 positions, ``vnodes`` tokens each."""
 
-    __slots__ = ("members", "vnodes", "rf", "_tokens", "_prefs")
+    __slots__ = ("members", "vnodes", "rf", "_tokens", "_prefs", "_cache", "max_cache")
 
     def __init__(self, members: Iterable[str], *, vnodes: int = 256, rf: int = 3) -> None:
         names = sorted(set(members))
@@ -43,8 +43,11 @@ class Ring:
         )
         self._tokens = [t for t, _ in points]
         owners = [name for _, name in points]
-        # One walk per token at build time, so a lookup is a hash and a bisect.
+        # One walk per token at build time, so a lookup is a hash and a bisect; hot keys skip
+        # even that through a bounded cache (cleared whole when full: no per-hit bookkeeping).
         self._prefs = [self._walk(owners, i, self.rf) for i in range(len(owners))]
+        self._cache: dict[tuple[str, str], tuple[str, ...]] = {}
+        self.max_cache = 100_000
 
     @staticmethod
     def _walk(owners: Sequence[str], start: int, count: int) -> tuple[str, ...]:
@@ -65,13 +68,24 @@ class Ring:
 
     def preference_list(self, table: str, key: str) -> tuple[str, ...]:
         """The key's RF distinct replicas, in ring order; the first is the leader when up."""
-        return self._prefs[self._index(table, key)]
+        prefs = self._cache.get((table, key))
+        if prefs is None:
+            prefs = self._prefs[self._index(table, key)]
+            if len(self._cache) >= self.max_cache:
+                self._cache.clear()
+            self._cache[(table, key)] = prefs
+        return prefs
+
+    @property
+    def replicates_everywhere(self) -> bool:
+        """True when every member holds every key (rf == number of members)."""
+        return self.rf == len(self.members)
 
     def leader(
         self, table: str, key: str, is_live: Callable[[str], bool] | None = None
     ) -> str | None:
         """First replica of the preference list for which ``is_live`` holds (all, by default)."""
-        prefs = self.preference_list(table, key)
+        prefs = self._cache.get((table, key)) or self.preference_list(table, key)
         if is_live is None:
             return prefs[0]
         for name in prefs:

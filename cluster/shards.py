@@ -12,6 +12,7 @@ indexed by a per-store origin number, which costs far less memory than a dict pe
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import msgpack
 
@@ -146,6 +147,30 @@ class ShardStore:
             row[i + 1] = n
             changed = True
         return changed
+
+    def merge_items(self, items: list[list[Any]]) -> None:
+        """``merge_pair`` for a replication batch of ``[op_id, table, key, origin, p, n, ...]``
+        items, with the lookups hoisted out of the loop."""
+        tables, index = self._tables, self._index
+        for item in items:
+            table, key, origin, p, n = item[1], item[2], item[3], item[4], item[5]
+            i = index.get(origin)
+            if i is None:
+                i = self._origin(origin)
+            i *= 2
+            rows = tables.get(table)
+            if rows is None:
+                rows = tables[table] = {}
+            row = rows.get(key)
+            if row is None:
+                row = rows[key] = [0] * (i + 2)
+                self.keys += 1
+            elif len(row) < i + 2:
+                row.extend([0] * (i + 2 - len(row)))
+            if p > row[i]:
+                row[i] = p
+            if n > row[i + 1]:
+                row[i + 1] = n
 
     def own_pair(self, table: str, key: str) -> Pair:
         row = self._tables.get(table, {}).get(key)
