@@ -1,0 +1,241 @@
+"""The retry loop: drive ops (one, or a batch) to an outcome with the same op ids throughout.
+
+Per attempt: the next node in failover order, a timeout clipped to the ops' deadline, and on
+each op its ``attempt`` number and ``age_ms``. Between attempts: exponential backoff with full
+jitter. An op's deadline (``ClientConfig.budget``) keeps every attempt inside the window the
+cluster advertises, so any attempt that reaches a node is still recognised as a retry there.
+Each op ends as an ``AddResult`` (applied or duplicate), or as an error that says what is known:
+``RejectedError``/``NotAppliedError`` (certainly not applied) or ``OutcomeUnknownError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from client.errors import (
+    BadRequestError,
+    ClientError,
+    ConnectFailedError,
+    DeadlineExceededError,
+    NotAppliedError,
+    OpExpiredError,
+    OutcomeUnknownError,
+    RejectedError,
+    TransientError,
+)
+from client.stats import ClientStats
+from client.transport import HttpTransport, op_result_error
+
+
+@dataclass(frozen=True, slots=True)
+class AddResult:
+    """A successful add: ``applied`` the first time, ``duplicate`` when an earlier attempt had
+    already been applied (its ack was lost); either way the op counted exactly once."""
+
+    op_id: str
+    delta: int
+    applied: bool
+    duplicate: bool
+    attempts: int
+    node: str
+    coalesced: int = 1
+
+
+class PendingOp:
+    """One op id on its way; ``waiters`` are the callers (several when coalesced)."""
+
+    __slots__ = ("table", "key", "delta", "op_id", "created", "deadline", "attempts",
+                 "maybe_sent", "waiters", "coalesced", "last_error")
+
+    def __init__(self, table: str, key: str, delta: int, op_id: str, created: float,
+                 deadline: float) -> None:
+        self.table, self.key, self.delta, self.op_id = table, key, delta, op_id
+        self.created, self.deadline = created, deadline
+        self.attempts = 0
+        self.maybe_sent = False  # some attempt may have reached a node
+        self.waiters: list[asyncio.Future[AddResult]] = []
+        self.coalesced = 1
+        self.last_error: ClientError | None = None
+
+    def wire(self, now: float) -> dict[str, Any]:
+        return {"table": self.table, "key": self.key, "op_id": self.op_id, "delta": self.delta,
+                "attempt": self.attempts, "age_ms": int((now - self.created) * 1000)}
+
+    def finish(self, result: AddResult | BaseException) -> None:
+        for fut in self.waiters:
+            if fut.done():
+                continue
+            if isinstance(result, BaseException):
+                fut.set_exception(result)
+            else:
+                fut.set_result(result)
+
+    def give_up(self, stats: ClientStats, *, closing: bool = False) -> None:
+        """End without an answer: unknown if any attempt may have been applied."""
+        why = "client closed" if closing else "deadline passed"
+        last = f"; last error: {self.last_error}" if self.last_error else ""
+        err: ClientError
+        if self.maybe_sent:
+            err = DeadlineExceededError(f"op {self.op_id}: {why} after {self.attempts} "
+                                        f"attempt(s), outcome unknown{last}", op_id=self.op_id,
+                                        attempts=self.attempts)
+            stats.unknown += 1
+        else:
+            err = NotAppliedError(f"op {self.op_id}: {why}; no attempt reached a node{last}",
+                                  op_id=self.op_id, attempts=self.attempts)
+            stats.not_applied += 1
+        self.finish(err)
+
+
+def backoff(retry: int, base: float, cap: float, rng: random.Random) -> float:
+    """Full jitter (AWS architecture blog): uniform in [0, min(cap, base * 2**(retry-1))]."""
+    return rng.uniform(0.0, min(cap, base * (2 ** min(retry - 1, 30))))
+
+
+class RetryLoop:
+    """Runs ops against an ordered set of nodes; shared by single ops and batches."""
+
+    def __init__(self, transport: HttpTransport, order: Callable[[], list[str]],
+                 on_node_result: Callable[[str, bool], None], *, attempt_timeout: float,
+                 backoff_interval: float, max_backoff_interval: float, stats: ClientStats,
+                 rng: random.Random | None = None) -> None:
+        self.transport = transport
+        self.order = order
+        self.on_node_result = on_node_result
+        self.attempt_timeout = attempt_timeout
+        self.backoff_interval = backoff_interval
+        self.max_backoff_interval = max_backoff_interval
+        self.stats = stats
+        self.rng = rng or random.Random()
+
+    def backoff_delay(self, retry: int) -> float:
+        return backoff(retry, self.backoff_interval, self.max_backoff_interval, self.rng)
+
+    async def run(self, ops: Sequence[PendingOp], *, batch_endpoint: bool | None = None) -> None:
+        """Resolve every op's waiters; never raises (a cancellation ends ops as unknown)."""
+        pending = list(ops)
+        try:
+            await self._loop(pending, batch_endpoint)
+        except asyncio.CancelledError:
+            for op in pending:
+                op.give_up(self.stats, closing=True)
+            raise
+
+    async def _loop(self, pending: list[PendingOp], batch_endpoint: bool | None) -> None:
+        nodes = self.order()
+        turn = 0
+        while pending:
+            if turn:
+                await self._sleep_backoff(turn, pending)
+            pending[:] = self._drop_expired(pending)
+            if not pending:
+                return
+            node = nodes[turn % len(nodes)]
+            turn += 1
+            now = time.monotonic()
+            timeout = min(self.attempt_timeout, min(op.deadline for op in pending) - now)
+            for op in pending:
+                op.attempts += 1
+                self.stats.attempts += 1
+                self.stats.retries += op.attempts > 1
+            use_batch = len(pending) > 1 if batch_endpoint is None else batch_endpoint
+            try:
+                outcomes = await self._send(node, pending, now, timeout, use_batch)
+            except TransientError as exc:
+                self._attempt_failed(node, exc, pending)
+                continue
+            except BadRequestError as exc:
+                if len(pending) > 1:  # one bad op rejects a batch whole: nothing was applied
+                    self.stats.errors["BadRequestError"] += 1
+                    await asyncio.gather(*(self.run([op], batch_endpoint=False)
+                                           for op in pending))
+                    pending.clear()
+                    return
+                outcomes = [exc]
+            except (RejectedError, OutcomeUnknownError) as exc:
+                outcomes = [exc] * len(pending)
+            self.on_node_result(node, True)
+            pending[:] = self._settle(node, pending, outcomes)
+
+    async def _send(self, node: str, pending: list[PendingOp], now: float, timeout: float,
+                    use_batch: bool) -> list[dict[str, Any] | Exception]:
+        if use_batch:
+            self.stats.batches += 1
+            results = await self.transport.post_batch(
+                node, [op.wire(now) for op in pending], timeout=timeout)
+            return [op_result_error(r, node) or r for r in results]
+        body = pending[0].wire(now)
+        table, key = body.pop("table"), body.pop("key")
+        return [await self.transport.post_op(node, table, key, body, timeout=timeout)]
+
+    async def _sleep_backoff(self, turn: int, pending: list[PendingOp]) -> None:
+        left = min(op.deadline for op in pending) - time.monotonic()
+        wait = min(self.backoff_delay(turn), left)
+        if wait > 0:
+            await asyncio.sleep(wait)
+
+    def _drop_expired(self, pending: list[PendingOp]) -> list[PendingOp]:
+        now = time.monotonic()
+        keep = []
+        for op in pending:
+            if now >= op.deadline:
+                op.give_up(self.stats)
+            else:
+                keep.append(op)
+        return keep
+
+    def _attempt_failed(self, node: str, exc: TransientError, pending: list[PendingOp]) -> None:
+        self.stats.errors[type(exc).__name__] += 1
+        self.on_node_result(node, False)
+        for op in pending:
+            op.last_error = exc
+            if not isinstance(exc, ConnectFailedError):
+                op.maybe_sent = True
+
+    def _settle(self, node: str, pending: list[PendingOp],
+                outcomes: list[dict[str, Any] | Exception]) -> list[PendingOp]:
+        again = []
+        stats = self.stats
+        for op, out in zip(pending, outcomes, strict=True):
+            if isinstance(out, dict):
+                dup = bool(out.get("duplicate"))
+                stats.acknowledged += 1
+                stats.duplicates += dup
+                stats.applied += not dup
+                op.finish(AddResult(op.op_id, op.delta, not dup, dup, op.attempts, node,
+                                    op.coalesced))
+                continue
+            stats.errors[type(out).__name__] += 1
+            if isinstance(out, TransientError):
+                op.maybe_sent = True
+                op.last_error = out
+                again.append(op)
+            elif isinstance(out, OpExpiredError) and op.maybe_sent:
+                stats.unknown += 1
+                op.finish(OpExpiredError(f"op {op.op_id}: {out.message}; outcome unknown",
+                                         op_id=op.op_id, node=node, attempts=op.attempts))
+            elif isinstance(out, OpExpiredError):
+                # refused on its first delivery, no earlier attempt could have landed
+                stats.not_applied += 1
+                op.finish(NotAppliedError(f"op {op.op_id}: {out.message}", op_id=op.op_id,
+                                          node=node, attempts=op.attempts))
+            else:
+                stats.not_applied += 1
+                op.finish(_for_op(out, op, node))
+        return again
+
+
+def _for_op(err: Exception, op: PendingOp, node: str) -> Exception:
+    """A fresh error naming the op (one request's error may end several ops)."""
+    if isinstance(err, RejectedError):
+        return type(err)(f"op {op.op_id}: {err.message}", status=err.status, code=err.code,
+                         op_id=op.op_id, node=node, attempts=op.attempts)
+    if isinstance(err, ClientError):
+        return type(err)(f"op {op.op_id}: {err.message}", op_id=op.op_id, node=node,
+                         attempts=op.attempts)
+    return err

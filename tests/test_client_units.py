@@ -1,0 +1,85 @@
+"""SDK pieces without a network: config, op ids, node order, backoff, error tree."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from client import ClientConfig, ConfigurationError
+from client import errors as e
+from client.nodes import NodePool
+from client.opids import OpIdSource
+from client.retry import backoff
+from client.transport import status_error
+
+
+def test_config_validates_and_names_the_field() -> None:
+    cfg = ClientConfig(nodes=("127.0.0.1:1", "http://127.0.0.1:1/"))
+    assert cfg.nodes == ("http://127.0.0.1:1",)
+    for bad, field in [({"nodes": ()}, "nodes"), ({"attempt_timeout": 0}, "attempt_timeout"),
+                       ({"window_margin": 1.0}, "window_margin"),
+                       ({"client_id": "a:b"}, "client_id"),
+                       ({"max_backoff_interval": 0.001}, "max_backoff_interval")]:
+        kw = {"nodes": ("h:1",), **bad}
+        with pytest.raises(ConfigurationError, match=field):
+            ClientConfig(**kw)  # type: ignore[arg-type]
+
+
+def test_budget_stays_inside_the_window() -> None:
+    cfg = ClientConfig(nodes=("h:1",), total_timeout=30.0)
+    assert cfg.budget(10.0) == 7.5
+    assert cfg.budget(1.0) == 0.5
+    assert ClientConfig(nodes=("h:1",), total_timeout=2.0).budget(10.0) == 2.0
+
+
+def test_op_ids_reserve_blocks_and_never_repeat(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    a = OpIdSource("cli", path, block=4)
+    first = [a.next() for _ in range(5)]
+    assert first == [f"cli:{i}" for i in range(5)] and a.reservations == 2
+    b = OpIdSource(None, path, block=4)  # restart, id from the file
+    assert b.client_id == "cli" and b.next() == "cli:8"
+    with pytest.raises(ConfigurationError, match="client_id"):
+        OpIdSource("other", path)
+    no_file = OpIdSource()
+    assert no_file.client_id != OpIdSource().client_id
+
+
+def test_node_order_rotates_and_puts_failed_last() -> None:
+    now = [0.0]
+    pool = NodePool(["a:1", "b:1", "c:1"], failure_backoff_interval=1.0, clock=lambda: now[0])
+    assert [pool.order()[0] for _ in range(3)] == ["http://a:1", "http://b:1", "http://c:1"]
+    pool.record("http://a:1", False)
+    assert pool.order()[-1] == "http://a:1"
+    now[0] = 2.0
+    assert [pool.order()[0] for _ in range(3)].count("http://a:1") == 1
+
+
+def test_discovery_and_window_from_health() -> None:
+    pool = NodePool(["a:1"])
+    new = pool.learn("http://a:1", {"node": "n1", "window_s": 4.0, "members": ["n1", "n2"],
+                                    "addresses": {"n1": "a:1", "n2": "b:2"}}, discover=True)
+    assert new == ["http://b:2"] and pool.members == ("n1", "n2")
+    assert pool.window(9.0) == 4.0 and NodePool(["x:1"]).window(9.0) == 9.0
+    assert pool.learn("http://a:1", {"addresses": {"n3": "c:3"}}, discover=False) == []
+
+
+def test_backoff_is_full_jitter_and_capped() -> None:
+    rng = random.Random(0)
+    draws = [backoff(n, 0.01, 0.1, rng) for n in range(1, 40)]
+    assert all(0 <= d <= 0.1 for d in draws) and max(draws[8:]) > 0.05
+
+
+def test_every_error_says_whether_a_retry_helps() -> None:
+    assert status_error(503, {}, "n").retriable  # type: ignore[attr-defined]
+    assert isinstance(status_error(410, {"error": {"code": "op_expired"}}, "n"),
+                      e.OutcomeUnknownError)
+    bad = status_error(400, {"error": {"code": "bad_delta", "message": "m"}}, "n")
+    assert isinstance(bad, e.BadRequestError) and bad.code == "bad_delta" and not bad.retriable
+    for cls in (e.OutcomeUnknownError, e.DeadlineExceededError, e.OpExpiredError):
+        assert cls.retriable is False and cls.applied is None
+    for cls in (e.TransientError, e.UnavailableError, e.NotAppliedError):
+        assert cls.retriable is True
+    assert e.ConnectFailedError.applied is False and e.RejectedError.applied is False
