@@ -217,29 +217,35 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         extra.append("--no-fsync")
     results: dict[str, Any] = {"config": {"nodes": 3, "rf": 3, "write_quorum": 2,
                                           "fsync": args.fsync, "cores": os.cpu_count()}}
+    phases = set(args.phases.split(","))
     async with LocalCluster(3, rf=3, extra_args=extra) as cluster:
         load = Load(cluster, args.keys, f"bench{os.getpid()}")
         await single_phase(load, args, ["fbf_t"], 8)  # warm up connections and tables
-        results["batch"] = await batch_phase(load, args)
-        print("batch:", results["batch"], flush=True)
-        results["single"] = (await single_phase(load, args, ["fbf_t"], args.concurrency))["fbf_t"]
-        sec = results["single"]
-        sec["ops_per_s"] = round(sec["requests"] / args.seconds)
-        print("single:", sec, flush=True)
-        cmp = await single_phase(load, args, ["fbf_t", "none_t"], args.compare_concurrency)
-        ratio = {k: round(cmp["fbf_t"][k] / cmp["none_t"][k], 3) for k in ("p50_ms", "mean_ms")}
-        results["fbf_vs_none"] = {**cmp, "ratio": ratio}
-        print("fbf vs none:", results["fbf_vs_none"], flush=True)
+        if "batch" in phases:
+            results["batch"] = await batch_phase(load, args)
+            print("batch:", results["batch"], flush=True)
+        if "single" in phases:
+            sec = (await single_phase(load, args, ["fbf_t"], args.concurrency))["fbf_t"]
+            sec["ops_per_s"] = round(sec["requests"] / args.seconds)
+            results["single"] = sec
+            print("single:", sec, flush=True)
+        if "compare" in phases:
+            cmp = await single_phase(load, args, ["fbf_t", "none_t"], args.compare_concurrency)
+            ratio = {k: round(cmp["fbf_t"][k] / cmp["none_t"][k], 3)
+                     for k in ("p50_ms", "mean_ms")}
+            results["fbf_vs_none"] = {**cmp, "ratio": ratio}
+            print("fbf vs none:", results["fbf_vs_none"], flush=True)
         results["errors"] = load.errors
-        if args.live_counters:
+        if "live" in phases and args.live_counters:
             secs = await load_counters(cluster, args.live_counters)
             results["live_memory"] = {
                 "counters_loaded": args.live_counters, "load_seconds": round(secs, 1),
+                "ops_per_s": round(args.live_counters / secs),
                 "rss_mib": {n.id: round(rss_kib(n.proc.pid) / 1024, 1)
                             for n in cluster.nodes.values() if n.proc},
             }
             print("live memory:", results["live_memory"], flush=True)
-    if args.memory:
+    if args.memory and "memory" in phases:
         results["memory_1m"] = memory_offline(1_000_000)
         print("memory (fresh process, 1M):", results["memory_1m"], flush=True)
     return results
@@ -256,6 +262,8 @@ def main() -> None:
     ap.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--live-counters", type=int, default=1_000_000,
                     help="distinct counters to load into the live cluster (0: skip)")
+    ap.add_argument("--phases", default="batch,single,compare,live,memory",
+                    help="comma-separated subset of batch,single,compare,live,memory")
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--node-args", nargs=argparse.REMAINDER, default=[],
                     help="extra flags for every node, e.g. --node-args --max-inflight-frames 2")

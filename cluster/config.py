@@ -15,7 +15,7 @@ Every field, its default and its constraint (durations are float seconds):
     target_fpp = 1e-6   false-positive target of the filters; 0 < fpp < 1
     max_dedup_bytes     optional memory cap handed to the dedup strategies
     fsync = True        fsync the log before acknowledging (group commit)
-    secret_file         cluster secret for peer authentication (issue 7; read, not yet used)
+    secret_file         cluster secret for peer authentication (accepted; HMAC comes later)
     vnodes = 256        ring tokens per node
     max_body_bytes = 4 MiB, max_batch_ops = 10000, max_op_id_bytes = 256
     quorum_timeout = 2.0      wait for a write or read quorum before answering 503

@@ -16,7 +16,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +125,8 @@ class LocalCluster:
 
     def __init__(self, nodes: int = 3, *, rf: int = 3, base_port: int | None = None,
                  data_dir: str | os.PathLike[str] | None = None, host: str = "127.0.0.1",
-                 extra_args: Sequence[str] = (), node_args: dict[str, Sequence[str]] | None = None
+                 extra_args: Sequence[str] = (),
+                 node_args: Mapping[str, Sequence[str]] | None = None
                  ) -> None:
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="idemcount-"))

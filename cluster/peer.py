@@ -223,11 +223,17 @@ class PeerLink:
             if not fut.done():
                 fut.set_result(body[start : start + count] if sliced else body)
 
-    def _ensure_connecting(self) -> None:
-        if self._connecting is None and not self._closed:
-            self._connecting = asyncio.ensure_future(self._connect())
+    def connect_soon(self) -> None:
+        """Start connecting now, so the first op does not pay for the handshake. A failure
+        here (the peer is still starting) does not mark the peer as failed."""
+        if self._proto is None:
+            self._ensure_connecting(record_failure=False)
 
-    async def _connect(self) -> None:
+    def _ensure_connecting(self, record_failure: bool = True) -> None:
+        if self._connecting is None and not self._closed:
+            self._connecting = asyncio.ensure_future(self._connect(record_failure))
+
+    async def _connect(self, record_failure: bool = True) -> None:
         loop = asyncio.get_running_loop()
         try:
             _, proto = await asyncio.wait_for(
@@ -237,7 +243,8 @@ class PeerLink:
                 self.connect_timeout,
             )
         except (TimeoutError, OSError) as exc:
-            self._last_failure = time.monotonic()
+            if record_failure:
+                self._last_failure = time.monotonic()
             self._fail_all(PeerError(f"cannot connect to peer {self.peer_id}: {exc!r}"))
             return
         finally:
@@ -290,16 +297,20 @@ class PeerLink:
 class PortMux(asyncio.Protocol):
     """First bytes decide: ``MAGIC`` makes a peer connection, anything else goes to HTTP."""
 
+    SNIFF_TIMEOUT = 10.0  # a connection that never says what it is gets closed
+
     def __init__(self, http_factory: Callable[[], asyncio.Protocol], peer_handler: Handler,
                  peers: set[asyncio.Protocol]) -> None:
         self._http_factory = http_factory
         self._peer_handler = peer_handler
         self._peers = peers
         self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
         self._buf = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
+        self._timer = asyncio.get_running_loop().call_later(self.SNIFF_TIMEOUT, transport.close)
 
     def data_received(self, data: bytes) -> None:
         self._buf += data
@@ -307,6 +318,8 @@ class PortMux(asyncio.Protocol):
         if len(buf) < len(MAGIC) and MAGIC.startswith(buf):
             return  # not enough bytes to tell yet
         assert self._transport is not None
+        if self._timer is not None:
+            self._timer.cancel()
         new: asyncio.Protocol
         if buf.startswith(MAGIC):
             peer = PeerProtocol(self._peer_handler, None)
@@ -322,6 +335,8 @@ class PortMux(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
+        if self._timer is not None:
+            self._timer.cancel()
 
 
 def close_all(protocols: set[asyncio.Protocol]) -> None:

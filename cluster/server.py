@@ -58,6 +58,8 @@ class NodeServer:
         )
         sockname = self._server.sockets[0].getsockname()
         self.address = (host, sockname[1])
+        for link in self.node.links.values():
+            link.connect_soon()
         self._tasks = [asyncio.create_task(self._snapshot_loop(), name="snapshots"),
                        asyncio.create_task(self._sweep_loop(), name="sweep")]
         log.info("node ready", extra={"fields": {
