@@ -7,7 +7,7 @@ import struct
 
 from bitarray import bitarray
 
-from cluster.hashing import HashFn, hash_pair, positions
+from cluster.hashing import MASK64, HashFn, hash_pair, positions
 
 _MAGIC = b"BLM1"
 _HEADER = struct.Struct("<4sQIQ")  # magic, m, k, inserted count
@@ -44,18 +44,15 @@ class BloomFilter:
         """Set the item's bits; True when at least one was unset (the item was not yet a member)."""
         h1, h2 = self._hash(item)
         bits, m = self._bits, self.m
-        x, y = h1 % m, h2 % m
+        x, y = h1, h2
         new = False
         for i in range(self.k):  # cluster.hashing.positions, walked inline
-            if not bits[x]:
-                bits[x] = 1
+            p = x % m
+            if not bits[p]:
+                bits[p] = 1
                 new = True
-            x += y
-            if x >= m:
-                x -= m
-            y += i
-            if y >= m:
-                y -= m
+            x = (x + y) & MASK64
+            y = (y + i) & MASK64
         if new:
             self.count += 1
         return new

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from cluster.bloom import bloom_fpp, load_from_fill
-from cluster.hashing import SEED, HashFn, _murmur, hash_pair, hash_pairs_np, positions_np
+from cluster.hashing import MASK64, SEED, HashFn, _murmur, hash_pair, hash_pairs_np, positions_np
 
 MAX_FILTERS = 64
 _DTYPES: tuple[tuple[int, type[np.unsignedinteger]], ...] = (
@@ -199,16 +199,12 @@ class ForgetfulBloomFilter:
         else:
             h1, h2 = self._hash(item)
         m, mv = self.m, self._mv
-        x, y = h1 % m, h2 % m
+        x, y = h1, h2
         w = self._live
         for i in self._krange:  # cluster.hashing.positions, walked inline
-            w &= mv[x]
-            x += y
-            if x >= m:
-                x -= m
-            y += i
-            if y >= m:
-                y -= m
+            w &= mv[x % m]
+            x = (x + y) & MASK64
+            y = (y + i) & MASK64
         return w
 
     def add(self, item: bytes) -> bool:
@@ -224,21 +220,17 @@ class ForgetfulBloomFilter:
         else:
             h1, h2 = self._hash(item)
         m, mv, pos = self.m, self._mv, self._pos
-        x, y = h1 % m, h2 % m
+        x, y = h1, h2
         w = self._live
         for i in self._krange:
-            pos[i] = x
-            w &= mv[x]
-            x += y
-            if x >= m:
-                x -= m
-            y += i
-            if y >= m:
-                y -= m
+            p = pos[i] = x % m
+            w &= mv[p]
+            x = (x + y) & MASK64
+            y = (y + i) & MASK64
         if w & 1 or w & (w >> 1) & self._pairmask or w >> self._oldest:
             return False
-        for x in pos:
-            mv[x] |= 3
+        for p in pos:
+            mv[p] |= 3
         self._pending += 1
         return True
 
@@ -487,11 +479,12 @@ class ForgetfulBloomFilter:
         assert self.target_fpp is not None
         goal = 0.5 * self.target_fpp
         period, m = self._period, self.m
+        cap = self.max_bytes or math.inf
         while self._proj(period, m) > goal:
-            shorter = period / 2
-            cap = self.max_bytes or math.inf
+            shorter = self._shorter_period(period)
             if (
-                shorter >= self.min_period
+                shorter < period
+                and shorter >= self.min_period
                 and self._filters_for(shorter) <= MAX_FILTERS - 2
                 and self._bytes_for(m, shorter) <= cap
             ):
@@ -507,6 +500,15 @@ class ForgetfulBloomFilter:
             self._set_period(period)
         self.over_target = max(cur, self._proj(self._period, self.m, 1.0)) > self.target_fpp
         return changed
+
+    def _shorter_period(self, period: float) -> float:
+        """The period whose filters fill the word that half the period would need: every
+        filter costs a bit of that word anyway (33 filters take 64-bit words, as 64 do). The
+        widest word keeps two filters of slack for generations the window still covers."""
+        nf = min(self._filters_for(period / 2), MAX_FILTERS)
+        bits = next(b for b, _ in _DTYPES if nf <= b)
+        usable = bits - 1 if bits < MAX_FILTERS else MAX_FILTERS - 3
+        return self._window / usable
 
     def _scale_down(self) -> bool:
         assert self.target_fpp is not None
