@@ -10,8 +10,14 @@ it does no I/O. An event is
 The walk (jepsen.checker/counter): an ``add`` whose completion is not ``fail`` widens the bounds
 at its invocation (``upper`` for an increment, ``lower`` for a decrement) and narrows them at its
 ``ok`` (``lower`` for an increment, ``upper`` for a decrement); failed adds are removed with
-their invocations. A read that completes ``ok`` is valid when ``lower`` at its invocation <=
-value <= ``upper`` at its completion. An invocation never completed counts as ``info``.
+their invocations. An invocation never completed counts as ``info``.
+
+A read that completes ``ok`` is valid when its value lies in [lower(t), upper(t)] for some t
+between its invocation and its completion. Consecutive intervals always overlap, so that union
+is [min lower, max upper] over the read's span. With increments only, lower and upper never
+fall, and this is exactly Jepsen's rule (lower at invocation, upper at completion); with
+decrements the bounds can fall during a read (a decrement invoked, or acknowledged), which
+Jepsen's counter does not allow for.
 
 Final reads (``f = "final-read"``, one per node, taken after healing and quiet) must each equal
 the sum of acknowledged adds plus the sum of some subset of the indeterminate adds: the set of
@@ -152,11 +158,19 @@ class _KeyWalk:
     def __init__(self, key: str) -> None:
         self.key = key
         self.lower = self.upper = 0
-        self.pending_reads: dict[Any, int] = {}
+        self.pending_reads: dict[Any, list[int]] = {}  # process -> [min lower, max upper]
         self.acked = 0
         self.unknown: list[int] = []
         self.finals: dict[str, int] = {}
         self.final_failed: set[str] = set()
+
+    def widen(self) -> None:
+        """A bound moved: every pending read may have seen the new one."""
+        for span in self.pending_reads.values():
+            if self.lower < span[0]:
+                span[0] = self.lower
+            if self.upper > span[1]:
+                span[1] = self.upper
 
 
 def check(history: Iterable[Mapping[str, Any]], *, nodes: Sequence[str] = (),
@@ -223,6 +237,7 @@ def _step(rep: CounterReport, w: _KeyWalk, ev: Mapping[str, Any], fate: str | No
                 w.upper += d
             else:
                 w.lower += d
+            w.widen()
         elif t == "ok":
             rep.acknowledged += 1
             w.acked += d
@@ -230,6 +245,7 @@ def _step(rep: CounterReport, w: _KeyWalk, ev: Mapping[str, Any], fate: str | No
                 w.lower += d
             else:
                 w.upper += d
+            w.widen()
         if t != "invoke":
             rep.retries += max(0, int(ev.get("attempts") or 1) - 1)
             rep.duplicates_absorbed += 1 if ev.get("duplicate") else 0
@@ -237,15 +253,15 @@ def _step(rep: CounterReport, w: _KeyWalk, ev: Mapping[str, Any], fate: str | No
     if f in ("read", "final-read"):
         p = ev.get("process")
         if t == "invoke":
-            w.pending_reads[p] = w.lower
+            w.pending_reads[p] = [w.lower, w.upper]
             return
-        low = w.pending_reads.pop(p, w.lower)
+        low, high = w.pending_reads.pop(p, [w.lower, w.upper])
         if t != "ok" or value is None:
             if f == "final-read":
                 w.final_failed.add(str(ev.get("node", p)))
             return
         rep.reads += 1
-        r = Read(w.key, p, low, int(value), w.upper, ev.get("time"))
+        r = Read(w.key, p, low, int(value), max(high, w.upper), ev.get("time"))
         if not r.valid:
             rep.read_errors.append(r)
         if keep is not None:

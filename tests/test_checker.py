@@ -78,6 +78,17 @@ def test_decrements_move_the_other_bound() -> None:
     assert valid and reads == [[3, 3, 5], [3, 3, 3]]
 
 
+def test_read_concurrent_with_an_acknowledged_decrement() -> None:
+    # found by a chaos run: the decrement lowers upper while the read is open, and the read
+    # saw the value after it; lower at invocation (96) is above upper at completion (92)
+    h = [inv(0, "add", 96), ok(0, "add", 96), inv(1, "read"), inv(0, "add", -4),
+         ok(0, "add", -4), ok(1, "read", 92)]
+    valid, reads, _ = triples(h)
+    assert valid and reads == [[92, 92, 96]]
+    h[-1] = ok(1, "read", 97)
+    assert not triples(h)[0]
+
+
 def finals(key: str, values: dict[str, int]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for node, v in values.items():

@@ -1,0 +1,5 @@
+import sys
+
+from client.chaos.cli import main
+
+sys.exit(main())

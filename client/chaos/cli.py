@@ -1,0 +1,138 @@
+"""``python -m client.chaos``: a bounded workload against a cluster behind fault proxies while a
+nemesis schedule plays; then heal, wait for quiet, read every replica, check like Jepsen.
+
+    python -m client.chaos                                # 3 local nodes, every nemesis, 30 s
+    python -m client.chaos --duration 20 --nemesis lost-ack,duplicate,kill
+    python -m client.chaos --nodes http://h1:7101,http://h2:7101   # given nodes (no process
+                                                                   # or peer faults)
+    python -m client.chaos --check chaos-out/history.jsonl     # re-check a recorded history
+    python -m client.chaos --dedup                        # Fig. 14/15 + every dedup strategy
+
+Exit status: 0 valid, 1 a violation was found, 2 the run could not be made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+
+from client.chaos.history import load
+from client.chaos.nemesis import ALL
+from client.chaos.report import render
+from client.chaos.runner import ChaosConfig, run_chaos
+from client.chaos.workload import WorkloadConfig
+from client.checker import check
+
+
+def _pair(text: str) -> tuple[float, float]:
+    lo, _, hi = text.partition(",")
+    a, b = float(lo), float(hi or lo)
+    if not 0 <= a <= b:
+        raise argparse.ArgumentTypeError(f"expected LOW,HIGH seconds, got {text!r}")
+    return a, b
+
+
+def _mix(text: str) -> tuple[float, float, float]:
+    parts = [float(x) for x in text.split(",")]
+    if len(parts) != 3 or min(parts) < 0 or sum(parts) <= 0:
+        raise argparse.ArgumentTypeError("expected INCR,DECR,READ weights, e.g. 0.7,0.2,0.1")
+    return parts[0], parts[1], parts[2]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m client.chaos", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = ap.add_argument_group("cluster")
+    g.add_argument("--nodes", default="3",
+                   help="number of local nodes (default 3) or a comma list of node URLs")
+    g.add_argument("--rf", type=int, default=3)
+    g.add_argument("--node-arg", action="append", default=[],
+                   help="extra flag for every local node, e.g. --node-arg=--dedup=exact")
+    g.add_argument("--no-peer-proxies", action="store_true",
+                   help="let nodes talk directly (no partitions)")
+    w = ap.add_argument_group("workload")
+    w.add_argument("--clients", type=int, default=4)
+    w.add_argument("--concurrency", type=int, default=4, help="processes per client")
+    w.add_argument("--rate", type=float, default=200.0, help="target ops/s in total")
+    w.add_argument("--duration", type=float, default=30.0, help="seconds of workload")
+    w.add_argument("--keys", type=int, default=8)
+    w.add_argument("--mix", type=_mix, default=(0.7, 0.2, 0.1), help="INCR,DECR,READ weights")
+    w.add_argument("--max-delta", type=int, default=3)
+    w.add_argument("--attempt-timeout", type=float, default=0.5)
+    w.add_argument("--total-timeout", type=float, default=10.0,
+                   help="per op; clipped to the cluster's advertised window")
+    w.add_argument("--batch-interval", type=float, default=0.002)
+    w.add_argument("--coalesce", action="store_true")
+    n = ap.add_argument_group("nemesis")
+    n.add_argument("--nemesis", default=None,
+                   help=f"comma list from {','.join(ALL)} (default: all available); "
+                        "'none' for a fault-free run")
+    n.add_argument("--quiet", type=_pair, default=(1.0, 2.0), help="LOW,HIGH s between faults")
+    n.add_argument("--fault", type=_pair, default=(2.0, 4.0), help="LOW,HIGH s of each fault")
+    n.add_argument("--quiet-timeout", type=float, default=15.0,
+                   help="after healing, seconds replicas may take to agree")
+    n.add_argument("--repair-reads", action="store_true",
+                   help="read each key at consistency=all once before the final reads")
+    o = ap.add_argument_group("output")
+    o.add_argument("--out", default="chaos-out", help="directory for history and report")
+    o.add_argument("--seed", type=int, default=None)
+    o.add_argument("--no-progress", action="store_true")
+    o.add_argument("--check", metavar="HISTORY", help="only run the checker on a history file")
+    o.add_argument("--dedup", action="store_true",
+                   help="compare dedup strategies (Fig. 14, Fig. 15, table) instead")
+    o.add_argument("--dedup-strategies", default=None,
+                   help="comma list for --dedup (default: every strategy)")
+    return ap
+
+
+def config_from_args(args: argparse.Namespace) -> ChaosConfig:
+    urls: tuple[str, ...] = ()
+    nodes = 3
+    if args.nodes.isdigit():
+        nodes = int(args.nodes)
+    else:
+        urls = tuple(u for u in args.nodes.split(",") if u.strip())
+    inc, dec, read = args.mix
+    wl = WorkloadConfig(clients=args.clients, concurrency=args.concurrency, rate=args.rate,
+                        duration=args.duration, keys=args.keys, incr=inc, decr=dec, read=read,
+                        max_delta=args.max_delta, attempt_timeout=args.attempt_timeout,
+                        total_timeout=args.total_timeout, batch_interval=args.batch_interval,
+                        coalesce=args.coalesce)
+    nemeses: tuple[str, ...] | None = None
+    if args.nemesis:
+        nemeses = tuple(x for x in args.nemesis.split(",") if x and x != "none")
+    return ChaosConfig(workload=wl, nodes=nodes, rf=args.rf, urls=urls,
+                       node_args=tuple(args.node_arg), nemeses=nemeses, quiet=args.quiet,
+                       fault=args.fault, quiet_timeout=args.quiet_timeout,
+                       repair_reads=args.repair_reads, out_dir=args.out, seed=args.seed,
+                       progress=not args.no_progress,
+                       proxy_peers=False if args.no_peer_proxies else None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.check:
+        rep = check(load(args.check))
+        print(json.dumps(rep.to_dict(), indent=2, default=str))
+        print("VALID" if rep.valid else "INVALID: " + "; ".join(rep.problems))
+        return 0 if rep.valid else 1
+    try:
+        cfg = config_from_args(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.dedup:
+        from client.chaos.dedup import main_dedup
+
+        return main_dedup(cfg, args.dedup_strategies)
+    try:
+        result = asyncio.run(run_chaos(cfg))
+    except (ValueError, RuntimeError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(render(result))
+    print(f"report: {cfg.out_dir}/report.json")
+    return 0 if result.valid else 1

@@ -1,0 +1,252 @@
+"""Nemeses (Jepsen's families, as CHAOS.md lists them) and the schedule that plays them.
+
+Each nemesis starts a fault and heals it; the schedule alternates quiet and faulty intervals,
+one fault at a time, going round the chosen nemeses in a shuffled order so every one plays.
+
+    lost-ack        client proxies lose answers after the node processed the request
+    drop            client proxies lose requests (some hang, some close the connection)
+    duplicate       client proxies deliver requests twice, at once or up to 2 s later
+    delay           requests held longer than the client's attempt timeout (the original
+                    races its retry at another coordinator) and reordered
+    reset           connections reset (TCP RST) shortly after they open
+    kill            kill -9 one node, restart it on the same data directory at heal
+    pause           SIGSTOP one node, SIGCONT at heal (it then sends stale messages)
+    partition       peer links cut: one node isolated, or the cluster split in two halves
+    peer-messages   peer frames dropped, duplicated, delayed and reordered; replication acks lost
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from client.chaos.history import History
+from client.chaos.topology import Topology
+
+TAG = "nemesis-"
+
+
+class Nemesis:
+    name = ""
+    needs = ""  # "", "processes" or "peer-links"
+    default = True
+
+    def missing(self, topo: Topology) -> str | None:
+        if self.needs == "processes" and not topo.can_control_processes:
+            return "needs a local cluster (not --nodes)"
+        if self.needs == "peer-links" and not topo.peer_links:
+            return ("needs peer links through proxies: the node has no --connect-via flag yet"
+                    if not topo.external else "needs a local cluster (not --nodes)")
+        return None
+
+    async def start(self, topo: Topology, rng: random.Random) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def stop(self, topo: Topology) -> None:
+        raise NotImplementedError
+
+
+class ClientToxic(Nemesis):
+    """Adds toxics to every client proxy; healing removes them."""
+
+    def toxics(self, rng: random.Random) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    async def start(self, topo: Topology, rng: random.Random) -> dict[str, Any]:
+        specs = self.toxics(rng)
+        for proxy in topo.client_proxies.values():
+            for i, spec in enumerate(specs):
+                proxy.add_toxic({**spec, "name": f"{TAG}{self.name}-{i}"})
+        return {"toxics": specs}
+
+    async def stop(self, topo: Topology) -> None:
+        for proxy in topo.client_proxies.values():
+            for name in [n for n in proxy.toxics if n.startswith(f"{TAG}{self.name}-")]:
+                proxy.remove_toxic(name)
+
+
+class LostAck(ClientToxic):
+    name = "lost-ack"
+
+    def toxics(self, rng: random.Random) -> list[dict[str, Any]]:
+        return [{"type": "lost_ack", "toxicity": round(rng.uniform(0.1, 0.4), 2),
+                 "attributes": {"mode": rng.choice(["close", "close", "hang"])}}]
+
+
+class Drop(ClientToxic):
+    name = "drop"
+
+    def toxics(self, rng: random.Random) -> list[dict[str, Any]]:
+        return [{"type": "drop", "toxicity": round(rng.uniform(0.1, 0.3), 2),
+                 "attributes": {"mode": rng.choice(["close", "hang"])}}]
+
+
+class Duplicate(ClientToxic):
+    name = "duplicate"
+
+    def toxics(self, rng: random.Random) -> list[dict[str, Any]]:
+        return [{"type": "duplicate", "toxicity": round(rng.uniform(0.2, 0.5), 2)},
+                {"type": "duplicate", "toxicity": 0.2,
+                 "attributes": {"delay": rng.randint(200, 2000)}}]
+
+
+class Delay(ClientToxic):
+    name = "delay"
+
+    def toxics(self, rng: random.Random) -> list[dict[str, Any]]:
+        return [{"type": "delay", "toxicity": 0.3,
+                 "attributes": {"latency": rng.randint(600, 1500), "jitter": 300}},
+                {"type": "reorder", "toxicity": 0.5, "attributes": {"count": 3, "window": 30}}]
+
+
+class Reset(ClientToxic):
+    name = "reset"
+
+    def toxics(self, rng: random.Random) -> list[dict[str, Any]]:
+        return [{"type": "reset_peer", "stream": "downstream", "toxicity": 0.3,
+                 "attributes": {"timeout": rng.randint(5, 200)}}]
+
+
+class Kill(Nemesis):
+    name = "kill"
+    needs = "processes"
+
+    async def start(self, topo: Topology, rng: random.Random) -> dict[str, Any]:
+        victim = rng.choice(topo.ids)
+        await topo.kill(victim)
+        return {"node": victim}
+
+    async def stop(self, topo: Topology) -> None:
+        for node_id in list(topo.killed):
+            await topo.restart(node_id)
+
+
+class Pause(Nemesis):
+    name = "pause"
+    needs = "processes"
+
+    async def start(self, topo: Topology, rng: random.Random) -> dict[str, Any]:
+        victim = rng.choice(topo.ids)
+        topo.pause(victim)
+        return {"node": victim}
+
+    async def stop(self, topo: Topology) -> None:
+        for node_id in list(topo.paused):
+            topo.resume(node_id)
+
+
+class Partition(Nemesis):
+    name = "partition"
+    needs = "peer-links"
+
+    async def start(self, topo: Topology, rng: random.Random) -> dict[str, Any]:
+        ids = list(topo.ids)
+        rng.shuffle(ids)
+        if rng.random() < 0.5 or len(ids) < 4:
+            side, shape = ids[:1], "isolate"
+        else:
+            side, shape = ids[: len(ids) // 2], "halves"
+        other = [i for i in ids if i not in side]
+        pairs = [(a, b) for a in side for b in other] + [(b, a) for a in side for b in other]
+        mode = rng.choice(["down", "blackhole"])
+        await topo.cut(pairs, mode=mode)
+        return {"shape": shape, "side": sorted(side), "rest": sorted(other), "mode": mode}
+
+    async def stop(self, topo: Topology) -> None:
+        await topo.heal_network()
+
+
+class PeerMessages(Nemesis):
+    name = "peer-messages"
+    needs = "peer-links"
+
+    async def start(self, topo: Topology, rng: random.Random) -> dict[str, Any]:
+        specs = [{"type": "duplicate", "toxicity": 0.2},
+                 {"type": "drop", "toxicity": 0.05},
+                 {"type": "lost_ack", "toxicity": 0.05, "attributes": {"mode": "hang"}},
+                 {"type": "delay", "toxicity": 0.1, "attributes": {"latency": 300}},
+                 {"type": "reorder", "toxicity": 0.3, "attributes": {"count": 3, "window": 20}}]
+        for proxy in topo.link_proxies.values():
+            for i, spec in enumerate(specs):
+                proxy.add_toxic({**spec, "name": f"{TAG}peer-{i}"})
+        return {"toxics": specs}
+
+    async def stop(self, topo: Topology) -> None:
+        await topo.heal_network()
+
+
+ALL: dict[str, Nemesis] = {n.name: n for n in (
+    LostAck(), Drop(), Duplicate(), Delay(), Reset(), Kill(), Pause(), Partition(),
+    PeerMessages())}
+
+
+def choose(names: Sequence[str] | None, topo: Topology) -> tuple[list[Nemesis], dict[str, str]]:
+    """The nemeses to play and, for those left out, why."""
+    wanted = list(names) if names else [n for n, x in ALL.items() if x.default]
+    unknown = [n for n in wanted if n not in ALL]
+    if unknown:
+        raise ValueError(f"--nemesis: unknown {unknown}; choose from {sorted(ALL)}")
+    chosen, skipped = [], {}
+    for name in wanted:
+        why = ALL[name].missing(topo)
+        if why:
+            skipped[name] = why
+        else:
+            chosen.append(ALL[name])
+    return chosen, skipped
+
+
+class Schedule:
+    """Quiet, fault, heal, quiet, ... until ``stop_at``; one fault at a time."""
+
+    def __init__(self, nemeses: Sequence[Nemesis], topo: Topology, history: History,
+                 rng: random.Random, *, quiet: tuple[float, float] = (1.0, 2.0),
+                 fault: tuple[float, float] = (2.0, 4.0)) -> None:
+        self.nemeses = list(nemeses)
+        self.topo, self.history, self.rng = topo, history, rng
+        self.quiet, self.fault = quiet, fault
+        self.current: Nemesis | None = None
+        self.played: list[dict[str, Any]] = []
+
+    async def run(self, stop_at: float) -> None:
+        if not self.nemeses:
+            return
+        order: list[Nemesis] = []
+        try:
+            while True:
+                await _sleep_until(min(stop_at, time.monotonic()
+                                       + self.rng.uniform(*self.quiet)))
+                if time.monotonic() >= stop_at - 0.5:
+                    return
+                if not order:
+                    order = list(self.nemeses)
+                    self.rng.shuffle(order)
+                nemesis = order.pop()
+                await self._play(nemesis, stop_at)
+        finally:
+            await self._heal_current()
+
+    async def _play(self, nemesis: Nemesis, stop_at: float) -> None:
+        self.current = nemesis
+        detail = await nemesis.start(self.topo, self.rng)
+        started = self.history.now()
+        self.history.nemesis("start", nemesis.name, **detail)
+        await _sleep_until(min(stop_at, time.monotonic() + self.rng.uniform(*self.fault)))
+        await self._heal_current()
+        self.played.append({"nemesis": nemesis.name, "start": started,
+                            "stop": self.history.now(), **detail})
+
+    async def _heal_current(self) -> None:
+        nemesis, self.current = self.current, None
+        if nemesis is not None:
+            await nemesis.stop(self.topo)
+            self.history.nemesis("stop", nemesis.name)
+
+
+async def _sleep_until(t: float) -> None:
+    delay = t - time.monotonic()
+    if delay > 0:
+        await asyncio.sleep(delay)

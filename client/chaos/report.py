@@ -1,0 +1,82 @@
+"""The chaos report for a terminal (the same facts as report.json, readable)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from client.chaos.runner import ChaosResult
+
+
+def render(res: ChaosResult) -> str:
+    r = res.report
+    w = res.config["workload"]
+    lines = [
+        "=" * 72,
+        f"chaos run: {len(res.nodes)} nodes ({', '.join(res.nodes)}), "
+        f"{w['duration']:g} s workload, {w['clients'] * w['concurrency']} processes, "
+        f"target {w['rate']:g} ops/s, {w['keys']} keys; total {res.duration_s:g} s",
+        f"peer links through proxies: {'yes' if res.peer_links else 'no'}",
+    ]
+    played = Counter(p["nemesis"] for p in res.played)
+    lines.append("nemeses played: " + (", ".join(f"{k} x{v}" for k, v in played.items())
+                                       or "none"))
+    for name, why in res.skipped.items():
+        lines.append(f"  skipped {name}: {why}")
+    s = res.client_stats
+    lines += [
+        "",
+        f"adds        {r.ops:>8}   acknowledged {r.acknowledged:>7}   failed {r.failed:>6}   "
+        f"indeterminate {r.indeterminate:>5}",
+        f"reads ok    {r.reads:>8}   read errors  {len(r.read_errors):>7}",
+        f"retries     {r.retries:>8}   duplicates absorbed {r.duplicates_absorbed:>6}   "
+        f"(client: {s.get('attempts', 0)} attempts, {s.get('http_requests', 0)} requests, "
+        f"{s.get('batches', 0)} batches)",
+    ]
+    if res.latency_ms:
+        lat = res.latency_ms
+        lines.append(f"ack latency ms: p50 {lat['p50']}  p95 {lat['p95']}  p99 {lat['p99']}  "
+                     f"max {lat['max']}")
+    errs = s.get("errors") or {}
+    if errs:
+        lines.append("attempt errors: " + ", ".join(f"{k} {v}" for k, v in
+                                                    sorted(errs.items(), key=lambda t: -t[1])))
+    hits = Counter[str]()
+    for counters in res.proxies.values():
+        for k, v in counters.items():
+            if not k.startswith(("messages_", "connections", "bytes_")):
+                hits[k] += v
+    if hits:
+        lines.append("faults injected by proxies: "
+                     + ", ".join(f"{k} {v}" for k, v in sorted(hits.items())))
+    lines += ["", "final reads (after heal, consistency=one on every node):"]
+    conv = sum(1 for f in r.finals if f.converged)
+    agreed = (f"agreed after {res.converged_after_s} s" if res.converged_after_s is not None
+              else "did NOT agree within the quiet timeout")
+    lines.append(f"  {len(r.finals)} keys, converged {conv}/{len(r.finals)}; replicas {agreed}")
+    for f in r.finals[:20]:
+        vals = " ".join(f"{n}={v}" for n, v in f.values.items())
+        rng = _ranges(f.ranges)
+        mark = "ok " if f.valid else "BAD"
+        lines.append(f"  {mark} {f.key:<14} {vals:<36} acked {f.acknowledged:<6} "
+                     f"+subset of {f.indeterminate} unknown -> {rng}")
+    lines += ["", f"over-count {r.over_count}   under-count {r.under_count}   "
+                  f"cluster healthy after heal: {'yes' if res.healthy else 'NO'}"]
+    if res.valid:
+        lines.append("RESULT: VALID - every read in bounds, final values exact, replicas agree")
+    else:
+        lines.append("RESULT: INVALID")
+        for p in r.problems:
+            lines.append(f"  - {p}")
+        if not res.healthy:
+            lines.append("  - some node did not answer /v1/health after healing")
+    lines.append(f"history: {res.history_path}")
+    lines.append("=" * 72)
+    return "\n".join(lines)
+
+
+def _ranges(ranges: list[tuple[int, int]]) -> str:
+    parts = [f"{lo}" if lo == hi else f"{lo}..{hi}" for lo, hi in ranges[:3]]
+    more = f" (+{len(ranges) - 3} ranges)" if len(ranges) > 3 else ""
+    return "{" + ", ".join(parts) + "}" + more

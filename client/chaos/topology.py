@@ -1,0 +1,227 @@
+"""The system under test: nodes (local processes or given URLs), an HTTP proxy in front of every
+node's client port and, when the node supports ``--connect-via``, a peer proxy on every directed
+link (n1->n2 is one proxy, n2->n1 another), so partitions cut exactly the links they name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+
+from client.config import normalize_url
+from client.proxy import Proxy, ProxyServer
+from cluster.local import LocalCluster, NodeProcess, free_ports
+
+
+@functools.cache
+def node_supports(flag: str) -> bool:
+    """Whether ``python -m cluster.node --help`` lists ``flag``."""
+    out = subprocess.run([sys.executable, "-m", "cluster.node", "--help"], capture_output=True,
+                         text=True, timeout=60)
+    return flag in out.stdout
+
+
+class Topology:
+    """Owns the cluster (when local), the proxies, and the process-level faults."""
+
+    def __init__(self, *, nodes: int = 3, rf: int = 3, urls: Sequence[str] = (),
+                 node_args: Sequence[str] = (), proxy_peers: bool | None = None,
+                 seed: int | None = None, data_dir: str | None = None) -> None:
+        self.external = [normalize_url(u) for u in urls]
+        self.n = len(self.external) or nodes
+        self.rf = rf
+        self.node_args = list(node_args)
+        self.data_dir = data_dir
+        want = proxy_peers if proxy_peers is not None else True
+        self.peer_links = bool(want and not self.external and node_supports("--connect-via"))
+        self.proxies = ProxyServer(seed=seed)
+        self.cluster: LocalCluster | None = None
+        self.client_proxies: dict[str, Proxy] = {}
+        self.link_proxies: dict[tuple[str, str], Proxy] = {}
+        self.node_urls: dict[str, str] = {}
+        self.paused: set[str] = set()
+        self.killed: set[str] = set()
+
+    @property
+    def ids(self) -> list[str]:
+        return list(self.node_urls)
+
+    @property
+    def can_control_processes(self) -> bool:
+        return self.cluster is not None
+
+    @property
+    def client_urls(self) -> list[str]:
+        return [p.url for p in self.client_proxies.values()]
+
+    async def __aenter__(self) -> Topology:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        await self.proxies.start()
+        try:
+            if self.external:
+                await self._adopt_external()
+            else:
+                await self._start_local()
+            for node_id, url in self.node_urls.items():
+                upstream = url.split("://", 1)[1]
+                self.client_proxies[node_id] = await self.proxies.create(
+                    f"client-{node_id}", "127.0.0.1:0", upstream, protocol="http")
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _adopt_external(self) -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
+            for i, url in enumerate(self.external):
+                node_id = f"node{i + 1}"
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+                    async with s.get(f"{url}/v1/health") as resp:
+                        node_id = str((await resp.json()).get("node", node_id))
+                self.node_urls[node_id] = url
+
+    async def _start_local(self) -> None:
+        ids = [f"n{i + 1}" for i in range(self.n)]
+        per_node: dict[str, list[str]] = {}
+        if self.peer_links:
+            ports = free_ports(self.n)
+            host = "127.0.0.1"
+            listen = dict(zip(ids, ports, strict=True))
+            for src in ids:
+                via = []
+                for dst in ids:
+                    if dst == src:
+                        continue
+                    p = await self.proxies.create(f"link-{src}-{dst}", "127.0.0.1:0",
+                                                  f"{host}:{listen[dst]}", protocol="peer")
+                    self.link_proxies[(src, dst)] = p
+                    via.append(f"{dst}={p.listen}")
+                per_node[src] = ["--connect-via", ",".join(via)]
+            self.cluster = LocalCluster(self.n, rf=self.rf, base_port=None,
+                                        data_dir=self.data_dir, extra_args=self.node_args,
+                                        node_args=per_node)
+            _pin_ports(self.cluster, listen)
+        else:
+            self.cluster = LocalCluster(self.n, rf=self.rf, data_dir=self.data_dir,
+                                        extra_args=self.node_args)
+        await self.cluster.start()
+        self.node_urls = {n.id: n.url for n in self.cluster.nodes.values()}
+
+    async def stop(self) -> None:
+        try:
+            for node_id in list(self.paused):
+                self._signal(node_id, signal.SIGCONT)
+            self.paused.clear()
+            await self.proxies.stop()
+        finally:
+            if self.cluster is not None:
+                try:
+                    await asyncio.wait_for(self.cluster.stop(timeout=5.0), 30.0)
+                finally:
+                    await self.cluster.abort()
+
+    # -- process faults --------------------------------------------------------------------
+
+    def node(self, node_id: str) -> NodeProcess:
+        assert self.cluster is not None, "process faults need a local cluster"
+        return self.cluster.nodes[node_id]
+
+    def _signal(self, node_id: str, sig: signal.Signals) -> None:
+        proc = self.node(node_id).proc
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, sig)
+
+    async def kill(self, node_id: str) -> None:
+        """kill -9; its client proxy goes down too, so clients see a refused connection (as
+        from a dead host) instead of a proxy that accepts and then hangs up."""
+        await self.client_proxies[node_id].disable()
+        self.paused.discard(node_id)
+        self.killed.add(node_id)
+        await self.node(node_id).kill()
+
+    async def restart(self, node_id: str) -> None:
+        await self.node(node_id).start(timeout=60.0)
+        self.killed.discard(node_id)
+        await self.client_proxies[node_id].enable()
+
+    def pause(self, node_id: str) -> None:
+        self._signal(node_id, signal.SIGSTOP)
+        self.paused.add(node_id)
+
+    def resume(self, node_id: str) -> None:
+        self._signal(node_id, signal.SIGCONT)
+        self.paused.discard(node_id)
+
+    # -- network faults --------------------------------------------------------------------
+
+    async def cut(self, pairs: Sequence[tuple[str, str]], *, mode: str = "down") -> None:
+        """Cut the directed links ``src->dst``: "down" refuses and closes connections,
+        "blackhole" keeps them open and drops every byte."""
+        for pair in pairs:
+            p = self.link_proxies[pair]
+            if mode == "blackhole":
+                if "partition-up" not in p.toxics:
+                    p.add_toxic(name="partition-up", type="timeout", stream="upstream")
+                    p.add_toxic(name="partition-down", type="timeout", stream="downstream")
+            else:
+                await p.disable()
+
+    async def heal_network(self) -> None:
+        for p in self.link_proxies.values():
+            p.clear_toxics()
+            if not p.enabled:
+                await p.enable()
+
+    async def heal(self) -> None:
+        """Every toxic off, every proxy up, every paused node resumed, every killed node back."""
+        for node_id in list(self.paused):
+            self.resume(node_id)
+        await self.proxies.reset()
+        for node_id in list(self.killed):
+            await self.restart(node_id)
+
+    def proxy_counters(self) -> dict[str, dict[str, int]]:
+        return {name: dict(p.counters) for name, p in self.proxies.proxies.items()}
+
+    # -- observation -----------------------------------------------------------------------
+
+    async def wait_healthy(self, timeout: float = 30.0) -> bool:
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as s:
+            while time.monotonic() < deadline:
+                ok = 0
+                for url in self.node_urls.values():
+                    with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                        async with s.get(f"{url}/v1/health") as resp:
+                            ok += resp.status == 200
+                if ok == len(self.node_urls):
+                    return True
+                await asyncio.sleep(0.2)
+        return False
+
+
+def _pin_ports(cluster: LocalCluster, listen: dict[str, int]) -> None:
+    """LocalCluster picked its own free ports; the link proxies were built for ``listen``."""
+    host = "127.0.0.1"
+    peers = ",".join(f"{i}={host}:{p}" for i, p in listen.items())
+    for node_id, proc in cluster.nodes.items():
+        proc.port = listen[node_id]
+        args = proc.args
+        args[args.index("--listen") + 1] = f"{host}:{listen[node_id]}"
+        args[args.index("--peers") + 1] = peers
