@@ -128,7 +128,13 @@ class ShardStore:
 
     def apply_local(self, table: str, key: str, delta: int) -> Pair:
         """Raise this node's own pair by ``delta`` (N for a negative delta); the new pair."""
-        row = self._row(table, key, 2)
+        rows = self._tables.get(table)
+        if rows is None:
+            rows = self._tables[table] = {}
+        row = rows.get(key)
+        if row is None:
+            row = rows[key] = [0, 0]
+            self.keys += 1
         if delta >= 0:
             row[0] += delta
         else:

@@ -69,9 +69,9 @@ class NodeState:
         if len(items) == 1:
             item = items[0]
             return [self.dedup(item[table_at]).seen_or_add(item[id_at].encode())]
-        first = items[0][table_at]
-        if all(item[table_at] == first for item in items):
-            return _many(self.dedup(first), [item[id_at].encode() for item in items])
+        tables = {item[table_at] for item in items}
+        if len(tables) == 1:
+            return _many(self.dedup(tables.pop()), [item[id_at].encode() for item in items])
         out = [False] * len(items)
         by_table: dict[str, list[int]] = {}
         for i, item in enumerate(items):

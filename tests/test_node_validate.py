@@ -1,0 +1,51 @@
+"""Input validation: the batch fast path agrees with the full per-op check."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cluster.errors import BadRequest
+from cluster.validate import check_batch, check_name, check_op
+
+names = st.sampled_from(["t", "k1", "user:42", "a.b-c_d", "", "bad name", "é", "x" * 129])
+values = st.one_of(st.integers(-(2**64), 2**64), st.booleans(), st.floats(), st.text(max_size=3),
+                   st.none())
+ops = st.fixed_dictionaries(
+    {"table": names, "key": names, "op_id": st.one_of(st.text(max_size=70), values),
+     "delta": values},
+    optional={"attempt": values, "age_ms": values, "extra": values})
+
+
+def reference(op: dict[str, Any]) -> tuple[Any, ...]:
+    table = check_name(op.get("table"), "table")
+    key = check_name(op.get("key"), "key")
+    return check_op(op, table, key, max_op_id_bytes=64)
+
+
+@given(st.lists(ops, max_size=6))
+def test_batch_fast_path_matches_the_full_check(batch: list[dict[str, Any]]) -> None:
+    expected: list[tuple[Any, ...]] = []
+    bad_index = None
+    for i, op in enumerate(batch):
+        try:
+            expected.append(reference(op))
+        except BadRequest:
+            bad_index = i
+            break
+    if bad_index is None:
+        assert check_batch({"ops": batch}, max_ops=100, max_op_id_bytes=64) == expected
+    else:
+        with pytest.raises(BadRequest, match=rf"ops\[{bad_index}\]"):
+            check_batch({"ops": batch}, max_ops=100, max_op_id_bytes=64)
+
+
+def test_multibyte_op_id_counts_bytes() -> None:
+    op = {"table": "t", "key": "k", "op_id": "é" * 40, "delta": 1}  # 80 bytes
+    with pytest.raises(BadRequest, match="op_id"):
+        check_batch({"ops": [op]}, max_ops=10, max_op_id_bytes=64)
+    op["op_id"] = "é" * 32
+    assert check_batch({"ops": [op]}, max_ops=10, max_op_id_bytes=64)[0][2] == "é" * 32
