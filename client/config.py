@@ -28,6 +28,9 @@ Every field, its default and its constraint (durations are float seconds):
     failure_backoff_interval = 0.5  a node that failed is tried last for this long; >= 0
     max_connections = 64    HTTP connections per client; >= 1
     use_msgpack = True      msgpack bodies (JSON otherwise)
+    send_age = True         send ``age_ms`` with every attempt, so a node refuses an op older
+                            than its window (410) instead of risking a double count; off models
+                            a client unaware of the window (the paper's)
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ class ClientConfig:
     failure_backoff_interval: float = 0.5
     max_connections: int = 64
     use_msgpack: bool = True
+    send_age: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.nodes, str) or not isinstance(self.nodes, Sequence):

@@ -62,9 +62,12 @@ class PendingOp:
         self.coalesced = 1
         self.last_error: ClientError | None = None
 
-    def wire(self, now: float) -> dict[str, Any]:
-        return {"table": self.table, "key": self.key, "op_id": self.op_id, "delta": self.delta,
-                "attempt": self.attempts, "age_ms": int((now - self.created) * 1000)}
+    def wire(self, now: float, send_age: bool = True) -> dict[str, Any]:
+        out = {"table": self.table, "key": self.key, "op_id": self.op_id, "delta": self.delta,
+               "attempt": self.attempts}
+        if send_age:
+            out["age_ms"] = int((now - self.created) * 1000)
+        return out
 
     def finish(self, result: AddResult | BaseException) -> None:
         for fut in self.waiters:
@@ -103,7 +106,7 @@ class RetryLoop:
     def __init__(self, transport: HttpTransport, order: Callable[[], list[str]],
                  on_node_result: Callable[[str, bool], None], *, attempt_timeout: float,
                  backoff_interval: float, max_backoff_interval: float, stats: ClientStats,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, send_age: bool = True) -> None:
         self.transport = transport
         self.order = order
         self.on_node_result = on_node_result
@@ -112,6 +115,7 @@ class RetryLoop:
         self.max_backoff_interval = max_backoff_interval
         self.stats = stats
         self.rng = rng or random.Random()
+        self.send_age = send_age
 
     def backoff_delay(self, retry: int) -> float:
         return backoff(retry, self.backoff_interval, self.max_backoff_interval, self.rng)
@@ -167,9 +171,9 @@ class RetryLoop:
         if use_batch:
             self.stats.batches += 1
             results = await self.transport.post_batch(
-                node, [op.wire(now) for op in pending], timeout=timeout)
+                node, [op.wire(now, self.send_age) for op in pending], timeout=timeout)
             return [op_result_error(r, node) or r for r in results]
-        body = pending[0].wire(now)
+        body = pending[0].wire(now, self.send_age)
         table, key = body.pop("table"), body.pop("key")
         return [await self.transport.post_op(node, table, key, body, timeout=timeout)]
 

@@ -51,7 +51,7 @@ class CounterClient:
                                attempt_timeout=config.attempt_timeout,
                                backoff_interval=config.backoff_interval,
                                max_backoff_interval=config.max_backoff_interval,
-                               stats=self.stats, rng=rng)
+                               stats=self.stats, rng=rng, send_age=config.send_age)
         interval = config.batch_interval
         self.batcher = Batcher(self._new_op, self.retry.run, interval=interval,
                                max_ops=config.max_batch_ops if interval > 0 else 1,
