@@ -150,14 +150,12 @@ def fig10(out: Path, s: Settings) -> Result:
         hits = probe_hits(f, s.probes)
         deep_hits = probe_hits(f, s.deep_probes)
         rows.append((m, f.paper_fpp(), hits / s.probes, hits, s.probes,
-                     deep_hits / s.deep_probes, deep_hits, s.deep_probes, f.estimated_fpp(),
-                     (2 if m % 2 == 0 else 1) * n / m**2))
+                     deep_hits / s.deep_probes, deep_hits, s.deep_probes, f.estimated_fpp()))
     png, csv = out / "fig10.png", out / "fig10.csv"
     write_csv(csv, ["m_bits", "eq3_estimate", "measured_fpp", "hits", "probes",
-                    "measured_fpp_deep", "hits_deep", "probes_deep", "shared_estimate",
-                    "collision_floor"], rows)
-    m_, est, meas, deep, shared, floor = (np.array([r[i] for r in rows], dtype=float)
-                                          for i in (0, 1, 2, 5, 8, 9))
+                    "measured_fpp_deep", "hits_deep", "probes_deep", "shared_estimate"], rows)
+    m_, est, meas, deep, shared = (np.array([r[i] for r in rows], dtype=float)
+                                   for i in (0, 1, 2, 5, 8))
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     ax.plot(m_, est, "-", color="C1", label="equation (3) as in the paper")
     ax.plot(m_, shared, "--", color="C2", lw=1.2,
@@ -166,9 +164,6 @@ def fig10(out: Path, s: Settings) -> Result:
             label=f"measured, {s.probes // 1000}k probes (as the paper)")
     ax.plot(m_, nan_zero(deep), "x", color="C3", ms=7,
             label=f"measured, {s.deep_probes / 1e6:g}M probes")
-    ax.plot(m_, floor, "-.", color="C7", lw=1.2,
-            label="2n/m$^2$: probe hashes to the same (h1, h2) mod m\n"
-                  "as an element (all k positions shared)")
     resolution_line(ax, s.probes)
     ax.set_yscale("log")
     ax.set_xlabel("m, bits per constituent filter")
@@ -181,8 +176,7 @@ def fig10(out: Path, s: Settings) -> Result:
     return Result(
         "fig10", png, csv,
         f"m=5000: estimate {fmt_e(est[0])} vs measured {fmt_e(meas[0])}; m=20000: estimate "
-        f"{fmt_e(est[i20])} vs measured {fmt_e(deep[i20])} ({s.deep_probes / 1e6:g}M probes; "
-        f"hash-collision floor 2n/m^2 = {fmt_e(floor[i20])})",
+        f"{fmt_e(est[i20])} vs measured {fmt_e(deep[i20])} ({s.deep_probes / 1e6:g}M probes)",
         {"est_5000": float(est[0]), "meas_5000": float(meas[0])},
     )
 
