@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cluster.bloom import BloomFilter
-from cluster.fbf import MAX_FILTERS, ForgetfulBloomFilter, fbf_fpp, projected_fpp
+from cluster.fbf import MAX_FILTERS, ForgetfulBloomFilter
+from cluster.fbf_model import fbf_fpp, projected_fpp
 
 
 class FakeClock:
