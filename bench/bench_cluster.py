@@ -31,6 +31,7 @@ import msgpack
 
 from bench.httpload import HttpConn
 from cluster.local import LocalCluster
+from cluster.ring import Ring
 
 
 def pct(values: list[float], q: float) -> float:
@@ -54,6 +55,7 @@ class Load:
     def __init__(self, cluster: LocalCluster, keys: int, prefix: str) -> None:
         self.addrs = [(n.host, n.port) for n in cluster.nodes.values()]
         self.pids = [n.proc.pid for n in cluster.nodes.values() if n.proc]
+        self.ids = list(cluster.nodes)
         self.keys = keys
         self.seq = itertools.count()
         self.prefix = prefix
@@ -111,6 +113,26 @@ async def batch_phase(load: Load, args: argparse.Namespace) -> dict[str, Any]:
     async def make(conn: HttpConn) -> tuple[str, int, bool]:
         body = msgpack.packb({"ops": [load.op("fbf_t") for _ in range(args.batch)]})
         status, _ = await conn.request("POST", "/v1/batch", body)
+        return "batch", args.batch, status == 200
+
+    lat = await load.run(args.concurrency, args.seconds, make)
+    return summary("batch", lat)
+
+
+async def routed_batch_phase(load: Load, args: argparse.Namespace) -> dict[str, Any]:
+    """Batches built per leader, as a ring-aware client can (the ring is public: health's
+    ``ring``): every op lands on its leader, no forwarding hop."""
+    ring = Ring(load.ids, rf=3)
+    conns: dict[int, str] = {}
+
+    async def make(conn: HttpConn) -> tuple[str, int, bool]:
+        leader = conns.setdefault(id(conn), load.ids[len(conns) % len(load.ids)])
+        ops = []
+        while len(ops) < args.batch:
+            op = load.op("fbf_t")
+            if ring.leader("fbf_t", op["key"]) == leader:
+                ops.append(op)
+        status, _ = await conn.request("POST", "/v1/batch", msgpack.packb({"ops": ops}))
         return "batch", args.batch, status == 200
 
     lat = await load.run(args.concurrency, args.seconds, make)
@@ -224,6 +246,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         if "batch" in phases:
             results["batch"] = await batch_phase(load, args)
             print("batch:", results["batch"], flush=True)
+        if "routed" in phases:
+            results["batch_routed"] = await routed_batch_phase(load, args)
+            print("batch, leader-routed:", results["batch_routed"], flush=True)
         if "single" in phases:
             sec = (await single_phase(load, args, ["fbf_t"], args.concurrency))["fbf_t"]
             sec["ops_per_s"] = round(sec["requests"] / args.seconds)
@@ -262,8 +287,8 @@ def main() -> None:
     ap.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--live-counters", type=int, default=1_000_000,
                     help="distinct counters to load into the live cluster (0: skip)")
-    ap.add_argument("--phases", default="batch,single,compare,live,memory",
-                    help="comma-separated subset of batch,single,compare,live,memory")
+    ap.add_argument("--phases", default="batch,routed,single,compare,live,memory",
+                    help="comma-separated subset of batch,routed,single,compare,live,memory")
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--node-args", nargs=argparse.REMAINDER, default=[],
                     help="extra flags for every node, e.g. --node-args --max-inflight-frames 2")

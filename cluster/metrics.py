@@ -143,6 +143,11 @@ def render(node: Any) -> str:
     ex.simple("idc_replayed_records", "gauge", "log records replayed at start", m.replayed)
     ex.simple("idc_counters", "gauge", "keys held by this node", node.state.shards.keys)
     _dedup_families(ex, node)
+    ex.family("idc_batches_total", "counter", "merged batches run, by stage")
+    ex.family("idc_batch_items_total", "counter", "ops in those batches, by stage")
+    for stage, batcher in (("lead", node._leads), ("replica", node._replicas)):
+        ex.sample("idc_batches_total", batcher.batches, {"stage": stage})
+        ex.sample("idc_batch_items_total", batcher.items, {"stage": stage})
     ex.family("idc_replication_pending", "gauge", "op copies sent and not yet acknowledged")
     for pid, link in node.links.items():
         ex.sample("idc_replication_pending", link.inflight, {"peer": pid})

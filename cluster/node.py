@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from cluster.batching import TickBatcher
 from cluster.config import NodeConfig
 from cluster.errors import Unavailable
 from cluster.metrics import NodeMetrics
@@ -120,6 +121,8 @@ class Node:
         }
         self.metrics = NodeMetrics()
         self._inflight: dict[str, asyncio.Future[bool]] = {}
+        self._leads: TickBatcher[Op] = TickBatcher(self._lead_now)
+        self._replicas: TickBatcher[list[Any]] = TickBatcher(self._replicate_now)
         self._targets: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._everyone_else = (tuple(m for m in self.ring.members if m != self.id)
                                if self.ring.replicates_everywhere else None)
@@ -232,7 +235,11 @@ class Node:
 
     # -- leader ----------------------------------------------------------------------------
 
-    async def lead(self, ops: Sequence[Op]) -> list[int]:
+    def lead(self, ops: Sequence[Op]) -> asyncio.Future[list[int]]:
+        """Lead ``ops``; merged with every other batch led in this loop turn. Statuses in order."""
+        return self._leads.submit(list(ops))
+
+    async def _lead_now(self, ops: list[Op]) -> list[int]:
         """Dedup, apply, log and replicate a batch this node leads; statuses in op order."""
         statuses, records, groups, dup_waits = self._apply_batch(ops)
         if records:
@@ -240,7 +247,9 @@ class Node:
             waits = [self._replicate(targets, items, own) for targets, items in groups.items()]
             results = await asyncio.gather(*waits)
             ok_by_group = dict(zip(groups, results, strict=True))
-            self._settle(ops, statuses, ok_by_group)
+            if not all(results):
+                self._settle_failures(ops, statuses, ok_by_group)
+            self.metrics.applied += sum(1 for s in statuses if s == _APPLIED)
         for i, fut in dup_waits:
             if not await fut:
                 statuses[i] = _UNAVAILABLE
@@ -306,20 +315,16 @@ class Node:
             for op in items:
                 self._inflight.pop(op[0], None)
 
-    def _settle(self, ops: Sequence[Op], statuses: list[int],
-                ok_by_group: dict[tuple[str, ...], bool]) -> None:
-        if all(ok_by_group.values()):
-            self.metrics.applied += sum(1 for s in statuses if s == _APPLIED)
-            return
+    def _settle_failures(self, ops: Sequence[Op], statuses: list[int],
+                         ok_by_group: dict[tuple[str, ...], bool]) -> None:
+        """Ops of groups without a quorum answer 503; so do their duplicates in this batch
+        (a duplicate must never be reported for an op that may not be durable)."""
         failed = {op_id for targets, ok in ok_by_group.items() if not ok
                   for op_id in self._group_ids(targets, ops)}
         for i, op in enumerate(ops):
-            if statuses[i] == _APPLIED:
-                if op[2] in failed:
-                    statuses[i] = _UNAVAILABLE
-                    self.metrics.unavailable += 1
-                else:
-                    self.metrics.applied += 1
+            if op[2] in failed and statuses[i] != _UNAVAILABLE:
+                statuses[i] = _UNAVAILABLE
+                self.metrics.unavailable += 1
 
     def _group_ids(self, targets: tuple[str, ...], ops: Sequence[Op]) -> Iterable[str]:
         for table, key, op_id, _, _ in ops:
@@ -328,7 +333,11 @@ class Node:
 
     # -- replica ---------------------------------------------------------------------------
 
-    def on_replicate(self, items: list[list[Any]]) -> asyncio.Future[None]:
+    def on_replicate(self, items: list[list[Any]]) -> asyncio.Future[Any]:
+        """Merged with the other REPLICATE frames of this loop turn; resolves once durable."""
+        return self._replicas.submit(items)
+
+    def _replicate_now(self, items: list[list[Any]]) -> asyncio.Future[None]:
         self.state.seen_or_add_many(items, 1, 0)  # learn the ids: dedup state stays in sync
         self.state.shards.merge_items(items)
         records = [LogRecord(REPLICA, op_id, table, key, delta, origin, p, n, ts)
