@@ -21,6 +21,16 @@ from pathlib import Path
 from typing import Any
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the launcher dies (Linux), so a launcher that
+    is itself killed -9 (a test runner timing out) leaves no node behind."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """Ports the OS just handed out for port 0 (held together, so they are distinct)."""
     socks = []
@@ -59,7 +69,7 @@ class NodeProcess:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "cluster.node", *self.args,
                 stdout=asyncio.subprocess.PIPE, stderr=log, stdin=asyncio.subprocess.DEVNULL,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=_die_with_parent,
             )
         assert self.proc.stdout is not None
         deadline = time.monotonic() + timeout
