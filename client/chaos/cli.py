@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per op; clipped to the cluster's advertised window")
     w.add_argument("--batch-interval", type=float, default=0.002)
     w.add_argument("--coalesce", action="store_true")
+    w.add_argument("--no-age", action="store_true",
+                   help="do not send age_ms (nodes then never answer op_expired; needed "
+                        "against strategies whose window is 0, such as --dedup none)")
     n = ap.add_argument_group("nemesis")
     n.add_argument("--nemesis", default=None,
                    help=f"comma list from {','.join(ALL)} (default: all available); "
@@ -100,7 +103,7 @@ def config_from_args(args: argparse.Namespace) -> ChaosConfig:
                         duration=args.duration, keys=args.keys, incr=inc, decr=dec, read=read,
                         max_delta=args.max_delta, attempt_timeout=args.attempt_timeout,
                         total_timeout=args.total_timeout, batch_interval=args.batch_interval,
-                        coalesce=args.coalesce)
+                        coalesce=args.coalesce, send_age=not args.no_age)
     nemeses: tuple[str, ...] | None = None
     if args.nemesis:
         nemeses = tuple(x for x in args.nemesis.split(",") if x and x != "none")

@@ -92,6 +92,7 @@ async def run_chaos(cfg: ChaosConfig) -> ChaosResult:
                                 enabled=cfg.progress)
             for name, why in skipped.items():
                 progress.note(f"nemesis {name} skipped: {why}")
+            history.start = progress.start = time.monotonic()  # time 0 = workload start
             await _play(workload, schedule, progress, cfg.workload.duration)
             history.nemesis("heal", "all")
             await topo.heal()

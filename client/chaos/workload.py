@@ -26,7 +26,8 @@ from client.stats import ClientStats
 class WorkloadConfig:
     """clients: SDK instances (each its own client id); concurrency: processes per client;
     rate: target ops/s over all processes; duration: seconds of issuing; keys: counters used;
-    incr/decr/read: op mix weights; max_delta: adds are 1..max_delta in size."""
+    incr/decr/read: op mix weights; max_delta: adds are 1..max_delta in size; send_age: the SDK
+    sends age_ms (off: a client unaware of the window, e.g. against --dedup none)."""
 
     clients: int = 4
     concurrency: int = 4
@@ -43,6 +44,7 @@ class WorkloadConfig:
     total_timeout: float = 10.0
     batch_interval: float = 0.002
     coalesce: bool = False
+    send_age: bool = True
 
     def __post_init__(self) -> None:
         for name in ("clients", "concurrency", "keys", "max_delta"):
@@ -90,7 +92,8 @@ class Workload:
                 self.urls, client_id=f"chaos{i}-{self.rng.randrange(1 << 30):x}",
                 discover=False, attempt_timeout=cfg.attempt_timeout,
                 total_timeout=cfg.total_timeout, batch_interval=cfg.batch_interval,
-                coalesce=cfg.coalesce, rng=random.Random(self.rng.random()))
+                coalesce=cfg.coalesce, send_age=cfg.send_age,
+                rng=random.Random(self.rng.random()))
             self.clients.append(client)
         try:
             for c in self.clients:

@@ -1,0 +1,136 @@
+"""The chaos driver end to end against real nodes, plus its pieces that need no cluster."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from client.chaos import ChaosConfig, WorkloadConfig, run_chaos
+from client.chaos.cli import main
+from client.chaos.history import load
+from client.chaos.nemesis import Partition, choose
+from client.chaos.report import render
+from client.checker import check
+
+SURVIVED = ("lost-ack", "drop", "duplicate", "delay", "reset", "pause")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_chaos_run_with_the_faults_the_node_survives(tmp_path: Path) -> None:
+    cfg = ChaosConfig(
+        workload=WorkloadConfig(clients=3, concurrency=3, rate=120, duration=18, keys=6),
+        nemeses=SURVIVED, quiet=(0.3, 0.8), fault=(1.5, 2.0), out_dir=str(tmp_path),
+        seed=5, progress=False)
+    res = await run_chaos(cfg)
+    text = render(res)
+    assert res.valid, text
+    assert {p["nemesis"] for p in res.played} == set(SURVIVED), text
+    r = res.report
+    assert r.acknowledged > 300 and r.reads > 20 and r.retries > 0, text
+    assert r.duplicates_absorbed > 0 and r.over_count == 0 and r.under_count == 0, text
+    assert all(f.converged and len(f.values) == 3 for f in r.finals)
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved["valid"] is True and saved["checker"]["acknowledged"] == r.acknowledged
+    events = load(tmp_path / "history.jsonl")
+    assert check(events, nodes=res.nodes).valid
+    kinds = {(e["f"], e["type"]) for e in events}
+    assert {("add", "invoke"), ("add", "ok"), ("read", "ok"), ("final-read", "ok"),
+            ("start", "info"), ("stop", "info")} <= kinds
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.xfail(strict=False, reason="issue 4: without hinted handoff / anti-entropy a "
+                                        "node killed during writes stays behind after restart")
+async def test_chaos_kill_and_restart(tmp_path: Path) -> None:
+    cfg = ChaosConfig(
+        workload=WorkloadConfig(clients=2, concurrency=3, rate=100, duration=12, keys=4),
+        nemeses=("kill",), quiet=(0.3, 0.6), fault=(1.5, 2.0), out_dir=str(tmp_path),
+        seed=7, progress=False)
+    res = await run_chaos(cfg)
+    assert res.valid, render(res)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+async def test_without_dedup_lost_acks_over_count_and_the_checker_says_so(
+        tmp_path: Path) -> None:
+    cfg = ChaosConfig(
+        workload=WorkloadConfig(clients=2, concurrency=3, rate=100, duration=5, keys=3,
+                                decr=0.0, read=0.0, send_age=False),
+        node_args=("--dedup", "none"), nemeses=("lost-ack",), quiet=(0.2, 0.3),
+        fault=(4.0, 4.5), out_dir=str(tmp_path), seed=3, progress=False)
+    res = await run_chaos(cfg)
+    assert not res.valid
+    assert res.report.over_count > 0 and res.report.under_count == 0
+    assert any("over-count" in p for p in res.report.problems)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_cli_runs_and_reports(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "client.chaos", "--duration", "3", "--nemesis", "lost-ack",
+         "--quiet", "0.2,0.3", "--fault", "1,1.5", "--clients", "1", "--concurrency", "2",
+         "--rate", "60", "--out", str(tmp_path), "--seed", "1"],
+        capture_output=True, text=True, timeout=80)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "RESULT: VALID" in out.stdout and "[####" in out.stderr
+    assert (tmp_path / "report.json").exists()
+
+
+def _history(final: int) -> list[dict[str, Any]]:
+    return [{"type": "invoke", "process": 0, "f": "add", "value": 2, "key": "t/k"},
+            {"type": "ok", "process": 0, "f": "add", "value": 2, "key": "t/k"},
+            {"type": "invoke", "process": "final-n1", "f": "final-read", "key": "t/k",
+             "node": "n1"},
+            {"type": "ok", "process": "final-n1", "f": "final-read", "value": final,
+             "key": "t/k", "node": "n1"}]
+
+
+@pytest.mark.parametrize(("final", "code"), [(2, 0), (4, 1)])
+def test_cli_check_exit_status(tmp_path: Path, final: int, code: int,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "h.jsonl"
+    path.write_text("\n".join(json.dumps(e) for e in _history(final)) + "\n")
+    assert main(["--check", str(path)]) == code
+    assert ("VALID" if code == 0 else "INVALID") in capsys.readouterr().out
+
+
+class FakeTopo:
+    def __init__(self, n: int, links: bool) -> None:
+        self.ids = [f"n{i + 1}" for i in range(n)]
+        self.peer_links = links
+        self.external: list[str] = []
+        self.can_control_processes = True
+        self.cuts: list[tuple[list[tuple[str, str]], str]] = []
+
+    async def cut(self, pairs: list[tuple[str, str]], *, mode: str = "down") -> None:
+        self.cuts.append((list(pairs), mode))
+
+
+async def test_partition_cuts_every_link_across_the_cut_both_ways() -> None:
+    topo = FakeTopo(5, links=True)
+    for seed in range(6):
+        detail = await Partition().start(topo, random.Random(seed))  # type: ignore[arg-type]
+        pairs, mode = topo.cuts[-1]
+        side, rest = set(detail["side"]), set(detail["rest"])
+        assert side and rest and side | rest == set(topo.ids) and mode == detail["mode"]
+        assert set(pairs) == {(a, b) for a in side for b in rest} | {(b, a) for a in side
+                                                                       for b in rest}
+        assert len(side) <= len(rest)
+
+
+def test_choose_explains_what_it_skips() -> None:
+    chosen, skipped = choose(None, FakeTopo(3, links=False))  # type: ignore[arg-type]
+    assert "partition" in skipped and "connect-via" in skipped["partition"]
+    assert {n.name for n in chosen} >= {"lost-ack", "kill", "pause"}
+    with pytest.raises(ValueError, match="unknown"):
+        choose(["nope"], FakeTopo(3, links=False))  # type: ignore[arg-type]
