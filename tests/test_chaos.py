@@ -14,19 +14,19 @@ import pytest
 from client.chaos import ChaosConfig, WorkloadConfig, run_chaos
 from client.chaos.cli import main
 from client.chaos.history import load
-from client.chaos.nemesis import Partition, choose
+from client.chaos.nemesis import Partition, choose, partition_pairs
 from client.chaos.report import render
 from client.checker import check
 
-SURVIVED = ("lost-ack", "drop", "duplicate", "delay", "reset", "pause")
+SURVIVED = ("lost-ack", "drop", "duplicate", "delay", "reset", "down", "pause")
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_chaos_run_with_the_faults_the_node_survives(tmp_path: Path) -> None:
     cfg = ChaosConfig(
-        workload=WorkloadConfig(clients=3, concurrency=3, rate=120, duration=18, keys=6),
-        nemeses=SURVIVED, quiet=(0.3, 0.8), fault=(1.5, 2.0), out_dir=str(tmp_path),
+        workload=WorkloadConfig(clients=3, concurrency=3, rate=120, duration=20, keys=6),
+        nemeses=SURVIVED, quiet=(0.3, 0.7), fault=(1.2, 1.8), out_dir=str(tmp_path),
         seed=5, progress=False)
     res = await run_chaos(cfg)
     text = render(res)
@@ -116,16 +116,27 @@ class FakeTopo:
         self.cuts.append((list(pairs), mode))
 
 
-async def test_partition_cuts_every_link_across_the_cut_both_ways() -> None:
+async def test_partition_cuts_every_link_across_the_cut() -> None:
     topo = FakeTopo(5, links=True)
-    for seed in range(6):
+    shapes = set()
+    for seed in range(20):
         detail = await Partition().start(topo, random.Random(seed))  # type: ignore[arg-type]
         pairs, mode = topo.cuts[-1]
+        shapes.add(detail["shape"])
         side, rest = set(detail["side"]), set(detail["rest"])
-        assert side and rest and side | rest == set(topo.ids) and mode == detail["mode"]
-        assert set(pairs) == {(a, b) for a in side for b in rest} | {(b, a) for a in side
-                                                                       for b in rest}
-        assert len(side) <= len(rest)
+        bridge = {detail["bridge"]} - {None}
+        assert side and rest and side | rest | bridge == set(topo.ids)
+        assert mode == detail["mode"] and len(side) <= len(rest)
+        one_way = {(a, b) for a in side for b in rest}
+        both = one_way | {(b, a) for a in side for b in rest}
+        assert set(pairs) == (one_way if detail["shape"] == "one-way" else both)
+    assert shapes == {"isolate", "halves", "bridge", "one-way"}
+
+
+def test_partition_shapes_on_three_nodes() -> None:
+    for shape in ("isolate", "halves", "bridge", "one-way"):
+        pairs, detail = partition_pairs(["n1", "n2", "n3"], shape, random.Random(1))
+        assert pairs and len(detail["side"]) == 1
 
 
 def test_choose_explains_what_it_skips() -> None:

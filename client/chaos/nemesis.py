@@ -9,9 +9,11 @@ one fault at a time, going round the chosen nemeses in a shuffled order so every
     delay           requests held longer than the client's attempt timeout (the original
                     races its retry at another coordinator) and reordered
     reset           connections reset (TCP RST) shortly after they open
+    down            one node's client proxy down (connections closed and refused), then up
     kill            kill -9 one node, restart it on the same data directory at heal
     pause           SIGSTOP one node, SIGCONT at heal (it then sends stale messages)
-    partition       peer links cut: one node isolated, or the cluster split in two halves
+    partition       peer links cut (down or blackholed): one node isolated, a minority from a
+                    majority, a bridge node seeing both halves, or one node cut one way
     peer-messages   peer frames dropped, duplicated, delayed and reordered; replication acks lost
 """
 
@@ -110,6 +112,24 @@ class Reset(ClientToxic):
                  "attributes": {"timeout": rng.randint(5, 200)}}]
 
 
+class Down(Nemesis):
+    """A client proxy goes down (open connections closed, new ones refused), then comes back:
+    the restart of a proxy, or a node unreachable from clients only."""
+
+    name = "down"
+
+    async def start(self, topo: Topology, rng: random.Random) -> dict[str, Any]:
+        victim = rng.choice([i for i in topo.ids if i not in topo.killed] or topo.ids)
+        await topo.client_proxies[victim].disable()
+        self.victim = victim
+        return {"node": victim}
+
+    async def stop(self, topo: Topology) -> None:
+        victim = getattr(self, "victim", None)
+        if victim is not None and victim not in topo.killed:
+            await topo.client_proxies[victim].enable()
+
+
 class Kill(Nemesis):
     name = "kill"
     needs = "processes"
@@ -138,22 +158,38 @@ class Pause(Nemesis):
             topo.resume(node_id)
 
 
+def partition_pairs(ids: Sequence[str], shape: str,
+                    rng: random.Random) -> tuple[list[tuple[str, str]], dict[str, Any]]:
+    """Directed links to cut for a partition ``shape``: isolate (one node from the rest),
+    halves (a minority from a majority), bridge (two halves, one node still sees both),
+    one-way (the rest stop hearing one node, it still hears them)."""
+    ids = list(ids)
+    rng.shuffle(ids)
+    if shape in ("isolate", "one-way"):
+        side = ids[:1]
+    elif shape == "bridge":
+        side = ids[: (len(ids) - 1) // 2]
+    else:
+        side = ids[: max(1, len(ids) // 2)]
+    bridge = ids[len(side)] if shape == "bridge" else None
+    rest = [i for i in ids if i not in side and i != bridge]
+    pairs = [(a, b) for a in side for b in rest]
+    if shape != "one-way":
+        pairs += [(b, a) for a in side for b in rest]
+    detail = {"shape": shape, "side": sorted(side), "rest": sorted(rest), "bridge": bridge}
+    return pairs, detail
+
+
 class Partition(Nemesis):
     name = "partition"
     needs = "peer-links"
 
     async def start(self, topo: Topology, rng: random.Random) -> dict[str, Any]:
-        ids = list(topo.ids)
-        rng.shuffle(ids)
-        if rng.random() < 0.5 or len(ids) < 4:
-            side, shape = ids[:1], "isolate"
-        else:
-            side, shape = ids[: len(ids) // 2], "halves"
-        other = [i for i in ids if i not in side]
-        pairs = [(a, b) for a in side for b in other] + [(b, a) for a in side for b in other]
+        shapes = ["isolate", "halves", "one-way"] + (["bridge"] if len(topo.ids) >= 3 else [])
+        pairs, detail = partition_pairs(topo.ids, rng.choice(shapes), rng)
         mode = rng.choice(["down", "blackhole"])
         await topo.cut(pairs, mode=mode)
-        return {"shape": shape, "side": sorted(side), "rest": sorted(other), "mode": mode}
+        return {**detail, "mode": mode}
 
     async def stop(self, topo: Topology) -> None:
         await topo.heal_network()
@@ -179,7 +215,7 @@ class PeerMessages(Nemesis):
 
 
 ALL: dict[str, Nemesis] = {n.name: n for n in (
-    LostAck(), Drop(), Duplicate(), Delay(), Reset(), Kill(), Pause(), Partition(),
+    LostAck(), Drop(), Duplicate(), Delay(), Reset(), Down(), Kill(), Pause(), Partition(),
     PeerMessages())}
 
 
