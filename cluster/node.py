@@ -25,6 +25,7 @@ from cluster.config import NodeConfig
 from cluster.errors import Unavailable
 from cluster.metrics import NodeMetrics
 from cluster.peer import PeerLink
+from cluster.reads import read_counter
 from cluster.ring import Ring
 from cluster.shards import CounterEntry
 from cluster.state import NodeState
@@ -376,59 +377,7 @@ class Node:
 
     async def read(self, table: str, key: str, consistency: str) -> int:
         """Merge the entries of ``consistency`` many replicas; repair the stale ones seen."""
-        prefs = self.ring.preference_list(table, key)
-        need = {"one": 1, "quorum": self.config.read_quorum, "all": len(prefs)}[consistency]
-        order = sorted(prefs, key=lambda n: (n != self.id, not self.is_live(n)))
-        answers: dict[str, CounterEntry] = {}
-        tried = 0
-        while len(answers) < need and tried < len(order):
-            batch = order[tried : tried + need - len(answers)]
-            tried += len(batch)
-            answers.update(await self._read_from(table, key, batch))
-        if len(answers) < need:
-            self.metrics.unavailable += 1
-            raise Unavailable(f"{len(answers)} of {need} replicas answered the read")
-        merged = CounterEntry()
-        for entry in answers.values():
-            merged = merged.merge(entry)
-        stale = [n for n, e in answers.items() if not e.dominates(merged)]
-        if stale:
-            self._repair(table, key, merged, stale)
-        return merged.value()
-
-    async def _read_from(self, table: str, key: str,
-                         names: list[str]) -> dict[str, CounterEntry]:
-        out: dict[str, CounterEntry] = {}
-        futs: dict[str, asyncio.Future[Any]] = {}
-        for name in names:
-            if name == self.id:
-                out[name] = self.state.shards.entry(table, key)
-            else:
-                futs[name] = self.links[name].call(Kind.READ, [[table, key]])
-        if futs:
-            await asyncio.wait(futs.values(), timeout=self.config.quorum_timeout)
-            for name, fut in futs.items():
-                if not fut.done():
-                    fut.cancel()
-                elif fut.exception() is None:
-                    out[name] = CounterEntry.from_wire(fut.result()[0])
-        return out
-
-    def _repair(self, table: str, key: str, merged: CounterEntry, stale: list[str]) -> None:
-        self.metrics.repairs_out += len(stale)
-        wire_entry = merged.to_wire()
-        for name in stale:
-            if name == self.id:
-                self.on_repair([[table, key, wire_entry]])
-            else:
-                fut = self.links[name].call(Kind.REPAIR, [[table, key, wire_entry]])
-                fut.add_done_callback(_consume)
-
-
-def _consume(fut: asyncio.Future[Any]) -> None:
-    if not fut.cancelled():
-        fut.exception()
-
+        return await read_counter(self, table, key, consistency)
 
 
 if __name__ == "__main__":
