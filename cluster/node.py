@@ -26,6 +26,7 @@ from cluster.errors import Unavailable
 from cluster.metrics import NodeMetrics
 from cluster.peer import PeerLink
 from cluster.reads import read_counter
+from cluster.records import make_record
 from cluster.ring import Ring
 from cluster.shards import CounterEntry
 from cluster.state import NodeState
@@ -278,7 +279,7 @@ class Node:
                 continue
             p, n = apply_local(table, key, delta)
             statuses.append(_APPLIED)
-            records.append(LogRecord(APPLY, op_id, table, key, delta, me, p, n, now))
+            records.append(make_record(APPLY, op_id, table, key, delta, me, p, n, now))
             targets = targets_of(table, key)
             item = [op_id, table, key, me, p, n, delta, now]
             group = groups.get(targets)
@@ -341,7 +342,7 @@ class Node:
     def _replicate_now(self, items: list[list[Any]]) -> asyncio.Future[None]:
         self.state.seen_or_add_many(items, 1, 0)  # learn the ids: dedup state stays in sync
         self.state.shards.merge_items(items)
-        records = [LogRecord(REPLICA, op_id, table, key, delta, origin, p, n, ts)
+        records = [make_record(REPLICA, op_id, table, key, delta, origin, p, n, ts)
                    for op_id, table, key, origin, p, n, delta, ts in items]
         self.metrics.replicated_in += len(items)
         return self.log.append_nowait(records)
