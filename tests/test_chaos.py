@@ -16,6 +16,7 @@ from client.chaos.cli import main
 from client.chaos.history import load
 from client.chaos.nemesis import Partition, choose, partition_pairs
 from client.chaos.report import render
+from client.chaos.topology import connect_via_args, directed_links
 from client.checker import check
 
 SURVIVED = ("lost-ack", "drop", "duplicate", "delay", "reset", "down", "pause")
@@ -137,6 +138,13 @@ def test_partition_shapes_on_three_nodes() -> None:
     for shape in ("isolate", "halves", "bridge", "one-way"):
         pairs, detail = partition_pairs(["n1", "n2", "n3"], shape, random.Random(1))
         assert pairs and len(detail["side"]) == 1
+
+
+def test_peer_link_plan() -> None:
+    links = directed_links(["n1", "n2", "n3"])
+    assert len(links) == 6 and ("n1", "n2") in links and ("n2", "n1") in links
+    assert connect_via_args("n1", {"n3": "127.0.0.1:9", "n2": "127.0.0.1:8"}) == [
+        "--connect-via", "n2=127.0.0.1:8,n3=127.0.0.1:9"]
 
 
 def test_choose_explains_what_it_skips() -> None:

@@ -99,19 +99,14 @@ class Topology:
         ids = [f"n{i + 1}" for i in range(self.n)]
         per_node: dict[str, list[str]] = {}
         if self.peer_links:
-            ports = free_ports(self.n)
             host = "127.0.0.1"
-            listen = dict(zip(ids, ports, strict=True))
+            listen = dict(zip(ids, free_ports(self.n), strict=True))
+            for src, dst in directed_links(ids):
+                self.link_proxies[(src, dst)] = await self.proxies.create(
+                    f"link-{src}-{dst}", "127.0.0.1:0", f"{host}:{listen[dst]}", protocol="peer")
             for src in ids:
-                via = []
-                for dst in ids:
-                    if dst == src:
-                        continue
-                    p = await self.proxies.create(f"link-{src}-{dst}", "127.0.0.1:0",
-                                                  f"{host}:{listen[dst]}", protocol="peer")
-                    self.link_proxies[(src, dst)] = p
-                    via.append(f"{dst}={p.listen}")
-                per_node[src] = ["--connect-via", ",".join(via)]
+                per_node[src] = connect_via_args(src, {
+                    dst: p.listen for (s, dst), p in self.link_proxies.items() if s == src})
             self.cluster = LocalCluster(self.n, rf=self.rf, base_port=None,
                                         data_dir=self.data_dir, extra_args=self.node_args,
                                         node_args=per_node)
@@ -214,6 +209,16 @@ class Topology:
                     return True
                 await asyncio.sleep(0.2)
         return False
+
+
+def directed_links(ids: Sequence[str]) -> list[tuple[str, str]]:
+    """Every ordered pair of distinct nodes: one proxy each, so a cut can be one-way."""
+    return [(a, b) for a in ids for b in ids if a != b]
+
+
+def connect_via_args(src: str, via: dict[str, str]) -> list[str]:
+    """``--connect-via ID=HOST:PORT,...``: to reach peer ID, ``src`` dials the link's proxy."""
+    return ["--connect-via", ",".join(f"{dst}={addr}" for dst, addr in sorted(via.items()))]
 
 
 def _pin_ports(cluster: LocalCluster, listen: dict[str, int]) -> None:
