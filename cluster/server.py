@@ -15,6 +15,7 @@ from typing import Any, TextIO
 from aiohttp import web
 
 from cluster.config import NodeConfig
+from cluster.errors import ClusterError
 from cluster.http_api import make_app
 from cluster.node import Node
 from cluster.peer import PortMux, close_all
@@ -86,7 +87,11 @@ class NodeServer:
             grown = self.node.log.stats().bytes_appended - last
             due = time.monotonic() - last_at >= cfg.snapshot_interval
             if grown >= cfg.snapshot_log_bytes or (due and grown > 0):
-                await self.snapshot()
+                try:
+                    await self.snapshot()
+                except ClusterError as exc:  # the log keeps everything: try again later
+                    log.warning("snapshot failed: %s", exc)
+                    continue
                 last = self.node.log.stats().bytes_appended
                 last_at = time.monotonic()
 
