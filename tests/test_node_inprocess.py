@@ -124,3 +124,23 @@ async def test_per_table_dedup_strategies(tmp_path: Path) -> None:
             assert health["tables"]["plain"]["strategy"] == "fbf"
     finally:
         await client.close()
+
+
+async def test_periodic_snapshot_keeps_the_log_short(tmp_path: Path) -> None:
+    cfgs = configs(tmp_path, snapshot_interval=0.2)
+    client = Client()
+    try:
+        async with nodes(cfgs) as servers:
+            for i in range(20):
+                await client.add(url(servers[i % 3]), "t", "snap", f"s:{i}", 1)
+            deadline = asyncio.get_running_loop().time() + 10
+            while servers[0].node.metrics.snapshots == 0:
+                assert asyncio.get_running_loop().time() < deadline, "no snapshot written"
+                await asyncio.sleep(0.05)
+            assert list((tmp_path / "n1" / "log").glob("snapshot-*"))
+        async with nodes(cfgs) as servers:
+            assert servers[0].node.state.shards.value("t", "snap") == 20
+            status, body = await client.add(url(servers[0]), "t", "snap", "s:3", 1)
+            assert body == {"applied": False, "duplicate": True}
+    finally:
+        await client.close()
