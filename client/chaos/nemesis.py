@@ -6,6 +6,7 @@ one fault at a time, going round the chosen nemeses in a shuffled order so every
     lost-ack        client proxies lose answers after the node processed the request
     drop            client proxies lose requests (some hang, some close the connection)
     duplicate       client proxies deliver requests twice, at once or up to 2 s later
+    late-duplicate  (not a default) requests replayed 12 s later, past the default window
     delay           requests held longer than the client's attempt timeout (the original
                     races its retry at another coordinator) and reordered
     reset           connections reset (TCP RST) shortly after they open
@@ -93,6 +94,19 @@ class Duplicate(ClientToxic):
         return [{"type": "duplicate", "toxicity": round(rng.uniform(0.2, 0.5), 2)},
                 {"type": "duplicate", "toxicity": 0.2,
                  "attributes": {"delay": rng.randint(200, 2000)}}]
+
+
+class LateDuplicate(ClientToxic):
+    """Replays requests after ``late_ms`` (default 12 s, past the default 10 s window): the copy
+    carries its original age_ms, so no node can tell it is late. Shows the window's limit;
+    not a default (a correct cluster may over-count under it)."""
+
+    name = "late-duplicate"
+    default = False
+    late_ms = 12_000
+
+    def toxics(self, rng: random.Random) -> list[dict[str, Any]]:
+        return [{"type": "duplicate", "toxicity": 0.2, "attributes": {"delay": self.late_ms}}]
 
 
 class Delay(ClientToxic):
@@ -215,7 +229,8 @@ class PeerMessages(Nemesis):
 
 
 ALL: dict[str, Nemesis] = {n.name: n for n in (
-    LostAck(), Drop(), Duplicate(), Delay(), Reset(), Down(), Kill(), Pause(), Partition(),
+    LostAck(), Drop(), Duplicate(), LateDuplicate(), Delay(), Reset(), Down(), Kill(), Pause(),
+    Partition(),
     PeerMessages())}
 
 

@@ -97,6 +97,7 @@ async def run_chaos(cfg: ChaosConfig) -> ChaosResult:
             history.nemesis("heal", "all")
             await topo.heal()
             healthy = await topo.wait_healthy()
+            await topo.wait_delivered(cfg.quiet_timeout)  # late copies still count
             converged = await _final_reads(topo, history, cfg)
             stats, counters = workload.stats().as_dict(), topo.proxy_counters()
             ids, links = topo.ids, topo.peer_links

@@ -191,6 +191,15 @@ class Topology:
         for node_id in list(self.killed):
             await self.restart(node_id)
 
+    async def wait_delivered(self, timeout: float) -> bool:
+        """Until no proxy holds a message for later (the network is quiet)."""
+        deadline = time.monotonic() + timeout
+        while any(p.pending for p in self.proxies.proxies.values()):
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.1)
+        return True
+
     def proxy_counters(self) -> dict[str, dict[str, int]]:
         return {name: dict(p.counters) for name, p in self.proxies.proxies.items()}
 

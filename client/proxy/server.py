@@ -166,6 +166,11 @@ class Proxy:
         task.add_done_callback(_quiet_done(self._tasks))
         return task
 
+    @property
+    def pending(self) -> int:
+        """Messages the proxy still holds to deliver later (delayed duplicates)."""
+        return len(self._tasks)
+
     def gate(self, toxic: Toxic, where: str) -> ReorderGate:
         key = (toxic.name, where)
         gate = self._gates.get(key)
