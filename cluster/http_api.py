@@ -71,7 +71,11 @@ async def _read_body(request: web.Request) -> Any:
 
 
 def _expired(node: Node, op: CheckedOp) -> bool:
-    return op[5] > 0 and op[5] > node.state.window(op[0]) * 1000.0
+    """Older than the table's window; a strategy with no window (``none``) never refuses."""
+    if op[5] <= 0:
+        return False
+    window = node.state.window(op[0])
+    return window > 0 and op[5] > window * 1000.0
 
 
 async def post_counter(request: web.Request) -> web.Response:

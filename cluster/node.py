@@ -179,7 +179,8 @@ class Node:
             "members": list(self.ring.members),
             "rf": self.ring.rf,
             "write_quorum": self.config.quorum,
-            "window_s": min([d.window for d in state.dedups.values()] or [self.config.window]),
+            "window_s": min([d.window for d in state.dedups.values() if d.window > 0]
+                            or [self.config.window]),
             "dedup": {"default": self.config.dedup, **dict(self.config.dedup_tables)},
             "tables": {t: {"strategy": d.name, "window_s": d.window,
                            "estimated_fpp": d.estimated_fpp()}
