@@ -301,22 +301,29 @@ class Node:
             targets = self._targets[prefs] = tuple(t for t in prefs if t != self.id)
         return targets
 
-    async def _replicate(self, targets: tuple[str, ...], items: list[list[Any]],
-                         own: asyncio.Future[None]) -> bool:
+    def _replicate(self, targets: tuple[str, ...], items: list[list[Any]],
+                   own: asyncio.Future[None]) -> asyncio.Future[bool]:
         """True once the op is durable here AND on W-1 other replicas: the leader's own copy is
-        required, so an acked op is always in its leader's log (never in a torn tail)."""
+        required, so an acked op is always in its leader's log (never in a torn tail).
+
+        Synchronous on purpose: the ids are registered as in flight before anything else can
+        run, so a duplicate arriving meanwhile waits for this outcome."""
         remote = [self.links[t].call(Kind.REPLICATE, items) for t in targets]
         self.metrics.replicated_out += len(items) * len(targets)
         timeout = self.config.quorum_timeout
         others = quorum_future(remote, self.config.quorum - 1, timeout)
         done = quorum_future([own, others], 2, timeout)
+        inflight = self._inflight
         for op in items:
-            self._inflight[op[0]] = done
-        try:
-            return await done
-        finally:
+            inflight[op[0]] = done
+
+        def forget(_: asyncio.Future[bool]) -> None:
             for op in items:
-                self._inflight.pop(op[0], None)
+                if inflight.get(op[0]) is done:
+                    del inflight[op[0]]
+
+        done.add_done_callback(forget)
+        return done
 
     def _settle_failures(self, ops: Sequence[Op], statuses: list[int],
                          ok_by_group: dict[tuple[str, ...], bool]) -> None:
