@@ -2,7 +2,7 @@
 
 Never Python's ``hash()``: it is salted per process, and filter bits cross processes.
 Positions use enhanced double hashing (Dillinger & Manolios 2004): position i is
-``X_i mod m`` with ``X_i = (h1 + i*h2 + (i**3 - i)/6) mod 2**64``, walked as ``x += y; y += i``.
+``X_i mod m`` with ``X_i = (h1 + i*h2 + i(i-1)(i-2)/6) mod 2**64``, walked as ``x += y; y += i``.
 
 - The cubic term: plain double hashing ``h1 + i*h2`` cycles through only m/gcd(h2, m) cells when
   m is composite (m = 4*7189 and h2 a multiple of 7189 give 4 cells for 20 hashes).
@@ -62,14 +62,14 @@ def hash_pairs_np(
 
 
 def positions_np(h1: np.ndarray, h2: np.ndarray, k: int, m: int) -> np.ndarray:
-    """``positions`` for many items, shape (k, n): row i holds every item's position i."""
-    mm = np.uint64(m)
-    x = h1.copy()
-    y = h2.copy()
-    out = np.empty((k, len(x)), dtype=np.uint64)
-    for i in range(k):
-        np.remainder(x, mm, out=out[i])
-        if i + 1 < k:
-            x += y  # uint64 wraps mod 2**64, like the scalar path's mask
-            y += np.uint64(i)
-    return out
+    """``positions`` for many items, shape (k, n): row i holds every item's position i.
+
+    The walk's closed form ``h1 + i*h2 + i(i-1)(i-2)/6``, broadcast over (k, n); uint64 wraps
+    mod 2**64 like the scalar path's mask.
+    """
+    i = np.arange(k, dtype=np.uint64)[:, None]
+    one = np.uint64(1)
+    cubic = i * (i - one) * (i - np.uint64(2)) // np.uint64(6)  # 0 for i < 2 despite the wrap
+    x = h1[None, :] + i * h2[None, :] + cubic
+    np.remainder(x, np.uint64(m), out=x)
+    return x

@@ -339,3 +339,28 @@ def test_for_window_meets_fpp_at_design_rate() -> None:
     measured = float(np.mean(f.contains_many(absent)))
     assert measured <= 3e-4
     assert f.estimated_fpp() <= 1e-4 * 1.01
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    h1=st.integers(0, 2**64 - 1),
+    h2=st.integers(0, 2**64 - 1),
+    k=st.integers(1, 30),
+    m=st.integers(1, 2**40),
+)
+def test_scalar_and_numpy_positions_agree(h1: int, h2: int, k: int, m: int) -> None:
+    from cluster.hashing import positions, positions_np
+
+    arr = positions_np(np.array([h1], dtype=np.uint64), np.array([h2], dtype=np.uint64), k, m)
+    assert arr[:, 0].tolist() == positions(h1, h2, k, m)
+    assert all(0 <= p < m for p in positions(h1, h2, k, m))
+
+
+@pytest.mark.parametrize("n", [1, 10, 100, 1000])
+def test_add_many_sets_the_same_bits_as_add(n: int) -> None:
+    clock = FakeClock()
+    one = ForgetfulBloomFilter(m=50_000, k=9, n_past=3, period=1.0, clock=clock)
+    many = ForgetfulBloomFilter(m=50_000, k=9, n_past=3, period=1.0, clock=clock)
+    items = ids("same", n)
+    assert [one.add(x) for x in items] == many.add_many(items).tolist()
+    assert one == many
