@@ -1,0 +1,434 @@
+"""compose/docker-compose.yml proven without a Docker engine.
+
+1. Structure: the file parses, every service has what the compose spec needs (image/build,
+   command lists, named volumes declared, healthcheck fields, depends_on conditions on
+   services that exist and have a healthcheck), host ports are unique, and the cluster is
+   what the issue asks for (five nodes, RF 3, every node in every --peers, a proxy per node,
+   the chaos driver pointed at every proxy). ``docker-compose config`` (Debian's
+   docker-compose, the compose-spec validator) or ``docker compose config`` runs too when
+   installed.
+2. Drift: the exact entrypoint + command of every service is translated by ``translate``
+   (service host names and 0.0.0.0/127.0.0.1 to 127.0.0.1, each (service, port) to a free
+   local port, volume mount targets to temp dirs), started as local processes in depends_on
+   order, each waited for with its own translated healthcheck, and the chaos service's
+   command runs (shortened with later flags) until its checker says valid with equal final
+   reads. A flag that the real CLI does not know makes a process exit and the test fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+yaml = pytest.importorskip("yaml", reason="pyyaml parses the compose file")
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = ROOT / "compose" / "docker-compose.yml"
+LOOPBACK = {"0.0.0.0", "127.0.0.1", "localhost"}
+# Service keys of the compose spec this file may use (a typo is not silently ignored).
+SERVICE_KEYS = {
+    "build", "image", "init", "restart", "stop_grace_period", "healthcheck", "command",
+    "entrypoint", "volumes", "ports", "depends_on", "hostname", "profiles", "secrets",
+    "environment", "expose", "networks", "stop_signal", "user", "working_dir", "labels",
+}
+RESTART = {"no", "always", "on-failure", "unless-stopped"}
+CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
+DURATION = re.compile(r"^(\d+(\.\d+)?(us|ms|s|m|h))+$")
+ADDR = re.compile(r"(?<![\w.-])([A-Za-z0-9][A-Za-z0-9_.-]*):(\d{1,5})(?!\d)")
+
+
+def load(path: Path = COMPOSE) -> dict[str, Any]:
+    with open(path) as f:
+        data = yaml.safe_load(f)
+    assert isinstance(data, dict)
+    return data
+
+
+def argv_of(svc: dict[str, Any]) -> list[str]:
+    """What the container runs: entrypoint + command (the image has no entrypoint)."""
+    out: list[str] = []
+    for key in ("entrypoint", "command"):
+        val = svc.get(key, [])
+        assert isinstance(val, list) and all(isinstance(a, str) for a in val), (
+            f"{key} must be a list of strings (exec form), got {val!r}")
+        out += val
+    return out
+
+
+def flag(argv: list[str], name: str) -> str:
+    assert argv.count(name) == 1, f"{name} given {argv.count(name)} times in {argv}"
+    return argv[argv.index(name) + 1]
+
+
+def listens(argv: list[str]) -> list[int]:
+    """Ports a service listens on: every 0.0.0.0:PORT in its command."""
+    return [int(m.group(2)) for a in argv for m in ADDR.finditer(a) if m.group(1) == "0.0.0.0"]
+
+
+def mounts(svc: dict[str, Any]) -> dict[str, str]:
+    """target -> named volume (short syntax VOLUME:TARGET[:MODE])."""
+    out = {}
+    for v in svc.get("volumes", []):
+        assert isinstance(v, str), f"short volume syntax expected, got {v!r}"
+        name, target = v.split(":")[:2]
+        out[target] = name
+    return out
+
+
+# -- the translation from compose to local processes -----------------------------------------
+
+
+@dataclass
+class LocalPlan:
+    """Where each compose endpoint lives on this machine."""
+
+    ports: dict[tuple[str, int], int] = field(default_factory=dict)  # (service, port) -> port
+    volumes: dict[str, Path] = field(default_factory=dict)  # named volume -> dir
+    mounts: dict[str, dict[str, str]] = field(default_factory=dict)  # service -> target -> vol
+
+
+def make_plan(compose: dict[str, Any], tmp: Path, free: Iterator[int]) -> LocalPlan:
+    plan = LocalPlan()
+    for name, svc in compose["services"].items():
+        for port in listens(argv_of(svc)):
+            plan.ports[(name, port)] = next(free)
+        plan.mounts[name] = mounts(svc)
+    for vol in compose.get("volumes") or {}:
+        plan.volumes[vol] = tmp / "volumes" / vol
+    return plan
+
+
+def translate(argv: list[str], service: str, plan: LocalPlan) -> list[str]:
+    """One service's argv as a local process: ``python`` is this interpreter; HOST:PORT with
+    HOST a service name (or 0.0.0.0/127.0.0.1/localhost, meaning the service itself) becomes
+    127.0.0.1 and that endpoint's local port; a path under a mount target moves into the named
+    volume's temp dir. A host that is no service, or a port nothing listens on, raises."""
+
+    def addr(m: re.Match[str]) -> str:
+        host, port = m.group(1), int(m.group(2))
+        owner = service if host in LOOPBACK else host
+        if owner not in plan.mounts:
+            raise ValueError(f"{service}: {host}:{port} names no service")
+        if (owner, port) not in plan.ports:
+            raise ValueError(f"{service}: nothing listens on {owner}:{port}")
+        return f"127.0.0.1:{plan.ports[(owner, port)]}"
+
+    out = []
+    for i, arg in enumerate(argv):
+        if i == 0 and arg == "python":
+            out.append(sys.executable)
+            continue
+        for target, vol in plan.mounts.get(service, {}).items():
+            if arg == target or arg.startswith(target + "/"):
+                arg = str(plan.volumes[vol]) + arg[len(target):]
+        out.append(ADDR.sub(addr, arg))
+    return out
+
+
+def start_order(compose: dict[str, Any], names: list[str]) -> list[str]:
+    """``names`` and everything they depend on, dependencies first."""
+    order: list[str] = []
+
+    def visit(n: str, path: tuple[str, ...]) -> None:
+        assert n not in path, f"depends_on cycle {path + (n,)}"
+        if n in order:
+            return
+        for dep in compose["services"][n].get("depends_on", {}):
+            visit(dep, path + (n,))
+        order.append(n)
+
+    for n in names:
+        visit(n, ())
+    return order
+
+
+def test_translate_addresses_paths_and_python() -> None:
+    compose = {"services": {
+        "n1": {"command": ["python", "-m", "x", "--listen", "0.0.0.0:7101"],
+               "volumes": ["n1-data:/data"]},
+        "n2": {"command": ["python", "--listen", "0.0.0.0:7101"]},
+        "p": {"command": ["python", "--control", "0.0.0.0:8474",
+                          "--proxy", "n1=0.0.0.0:9101:n1:7101:http"]}},
+        "volumes": {"n1-data": None}}
+    plan = make_plan(compose, Path("/t"), iter(range(20001, 20100)))
+    assert plan.ports == {("n1", 7101): 20001, ("n2", 7101): 20002, ("p", 8474): 20003,
+                          ("p", 9101): 20004}
+    assert translate(["python", "--listen", "0.0.0.0:7101", "--data-dir", "/data",
+                      "--log", "/data/x.log", "--other", "/database"], "n1", plan) == [
+        sys.executable, "--listen", "127.0.0.1:20001", "--data-dir", "/t/volumes/n1-data",
+        "--log", "/t/volumes/n1-data/x.log", "--other", "/database"]
+    assert translate(["--peers", "n1=n1:7101,n2=n2:7101"], "p", plan) == [
+        "--peers", "n1=127.0.0.1:20001,n2=127.0.0.1:20002"]
+    assert translate(["n1=0.0.0.0:9101:n1:7101:http"], "p", plan) == [
+        "n1=127.0.0.1:20004:127.0.0.1:20001:http"]
+    assert translate(["http://p:9101,http://p:9101/x"], "n2", plan) == [
+        "http://127.0.0.1:20004,http://127.0.0.1:20004/x"]
+    assert translate(["urlopen('http://127.0.0.1:8474/proxies')"], "p", plan) == [
+        "urlopen('http://127.0.0.1:20003/proxies')"]
+    assert translate(["--mix", "0.7,0.2,0.1", "--quiet", "1,2"], "p", plan) == [
+        "--mix", "0.7,0.2,0.1", "--quiet", "1,2"]
+    with pytest.raises(ValueError, match="names no service"):
+        translate(["ghost:7101"], "n1", plan)
+    with pytest.raises(ValueError, match="nothing listens on n2:7102"):
+        translate(["n2:7102"], "n1", plan)
+    with pytest.raises(ValueError, match="nothing listens on n2:9999"):
+        translate(["127.0.0.1:9999"], "n2", plan)
+    assert start_order({"services": {"a": {"depends_on": {"b": {}}}, "b": {}, "c": {}}},
+                       ["a", "c"]) == ["b", "a", "c"]
+
+
+# -- structure -----------------------------------------------------------------------------
+
+
+def nodes_of(compose: dict[str, Any]) -> dict[str, list[str]]:
+    return {n: argv_of(s) for n, s in compose["services"].items()
+            if argv_of(s)[1:3] == ["-m", "cluster.node"]}
+
+
+def proxies_of(compose: dict[str, Any]) -> dict[str, list[str]]:
+    return {n: argv_of(s) for n, s in compose["services"].items()
+            if argv_of(s)[1:3] == ["-m", "client.proxy"]}
+
+
+def healthcheck_code(svc: dict[str, Any]) -> list[str]:
+    test = svc["healthcheck"]["test"]
+    assert isinstance(test, list) and test[0] == "CMD", f"exec-form healthcheck expected: {test}"
+    return test[1:]
+
+
+def test_compose_services_follow_the_spec() -> None:
+    compose = load()
+    services = compose["services"]
+    declared = set(compose.get("volumes") or {})
+    used_volumes: set[str] = set()
+    host_ports: list[str] = []
+    for name, svc in services.items():
+        assert set(svc) <= SERVICE_KEYS, f"{name}: unknown keys {set(svc) - SERVICE_KEYS}"
+        assert "image" in svc or "build" in svc, name
+        if "build" in svc:
+            ctx = (COMPOSE.parent / svc["build"]["context"]).resolve()
+            assert (ctx / svc["build"]["dockerfile"]).is_file(), name
+            assert (ctx / "pyproject.toml").is_file(), "build context is the repo root"
+        argv = argv_of(svc)
+        assert argv[:2] == ["python", "-m"], f"{name}: {argv}"
+        assert svc.get("restart", "no") in RESTART, name
+        for target, vol in mounts(svc).items():
+            assert vol in declared, f"{name}: volume {vol} not declared at top level"
+            assert target.startswith("/"), name
+            used_volumes.add(vol)
+        for p in svc.get("ports", []):
+            parts = str(p).split(":")
+            assert len(parts) == 3 and parts[0] == "127.0.0.1", (
+                f"{name}: publish on loopback only, as IP:HOST:CONTAINER: {p}")
+            assert int(parts[2]) in listens(argv), f"{name}: {p} publishes a port not listened on"
+            host_ports.append(parts[1])
+        for dep, spec in svc.get("depends_on", {}).items():
+            assert dep in services, f"{name} depends on unknown {dep}"
+            assert spec["condition"] in CONDITIONS, name
+            if spec["condition"] == "service_healthy":
+                assert "healthcheck" in services[dep], f"{name} waits for {dep}'s health"
+        if "healthcheck" in svc:
+            hc = svc["healthcheck"]
+            assert set(hc) <= {"test", "interval", "timeout", "retries", "start_period",
+                               "start_interval", "disable"}, name
+            for key in ("interval", "timeout", "start_period"):
+                assert DURATION.match(str(hc[key])), f"{name}: healthcheck {key} {hc[key]!r}"
+            assert isinstance(hc["retries"], int) and hc["retries"] > 0, name
+            code = healthcheck_code(svc)
+            assert code[:2] == ["python", "-c"] and len(code) == 3, name
+            compile(code[2], f"{name}-healthcheck", "exec")  # valid Python
+        if "profiles" in svc:
+            assert isinstance(svc["profiles"], list), name
+    assert len(host_ports) == len(set(host_ports)), f"host ports reused: {sorted(host_ports)}"
+    assert used_volumes == declared, f"declared but unused: {declared - used_volumes}"
+
+
+def test_compose_cluster_shape() -> None:
+    compose = load()
+    services = compose["services"]
+    nodes = nodes_of(compose)
+    assert sorted(nodes) == ["n1", "n2", "n3", "n4", "n5"]
+    expected_peers = {n: f"{n}:{listens(a)[0]}" for n, a in nodes.items()}
+    data_volumes = set()
+    for name, argv in nodes.items():
+        svc = services[name]
+        assert flag(argv, "--id") == name == svc["hostname"]
+        assert flag(argv, "--rf") == "3"
+        assert listens(argv) == [int(flag(argv, "--listen").rsplit(":", 1)[1])]
+        peers = dict(p.split("=", 1) for p in flag(argv, "--peers").split(","))
+        assert peers == expected_peers, f"{name}: every node, itself included, in --peers"
+        data = flag(argv, "--data-dir")
+        assert data in mounts(svc), f"{name}: --data-dir {data} is not on a volume"
+        data_volumes.add(mounts(svc)[data])
+        assert svc["restart"] in {"always", "unless-stopped"}, name
+        assert "/v1/health" in healthcheck_code(svc)[2]
+    assert len(data_volumes) == len(nodes), "a volume of its own for each node"
+    upstreams = {}
+    for name, argv in proxies_of(compose).items():
+        spec = flag(argv, "--proxy")
+        pname, rest = spec.split("=", 1)
+        lhost, lport, uhost, uport, proto = rest.split(":")
+        assert (lhost, proto, pname) == ("0.0.0.0", "http", uhost)
+        assert f"{uhost}:{uport}" == expected_peers[uhost]
+        assert services[name]["depends_on"][uhost]["condition"] == "service_healthy"
+        upstreams[uhost] = f"http://{name}:{lport}"
+    assert sorted(upstreams) == sorted(nodes), "a proxy in front of every node"
+    chaos = services["chaos"]
+    assert chaos["profiles"] == ["chaos"] and chaos.get("restart") == "no"
+    argv = argv_of(chaos)
+    assert argv[1:3] == ["-m", "client.chaos"]
+    assert sorted(flag(argv, "--nodes").split(",")) == sorted(upstreams.values())
+    assert flag(argv, "--out") in mounts(chaos)
+    assert set(chaos["depends_on"]) == set(proxies_of(compose))
+
+
+def test_secret_placeholder_enables_cleanly() -> None:
+    """The commented compose secret, once uncommented, is a valid secret on every node."""
+    text = COMPOSE.read_text()
+    assert "# secrets:" in text and "--secret-file" in text
+    enabled = re.sub(r"(?m)^(\s*)# (secrets:|  - cluster_secret|  cluster_secret:|"
+                     r"    file: \./cluster_secret)$", r"\1\2", text)
+    compose = yaml.safe_load(enabled)
+    assert compose["secrets"] == {"cluster_secret": {"file": "./cluster_secret"}}
+    for name in nodes_of(compose):
+        assert compose["services"][name]["secrets"] == ["cluster_secret"], name
+    help_text = subprocess.run([sys.executable, "-m", "cluster.node", "--help"],
+                               capture_output=True, text=True, timeout=60, cwd=ROOT).stdout
+    assert "--secret-file" in help_text
+
+
+def _compose_cli() -> list[str] | None:
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    if shutil.which("docker"):
+        r = subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=30)
+        if r.returncode == 0:
+            return ["docker", "compose"]
+    return None
+
+
+def test_docker_compose_config_validates() -> None:
+    """The compose-spec validator of docker-compose (needs no engine), when installed."""
+    cli = _compose_cli()
+    if cli is None:
+        pytest.skip("neither docker-compose nor the docker compose plugin is installed")
+    r = subprocess.run([*cli, "-f", str(COMPOSE), "--profile", "chaos", "config", "-q"],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+
+
+# -- the exact commands, run as local processes ----------------------------------------------
+
+
+def _free_ports() -> Iterator[int]:
+    from cluster.local import free_ports
+
+    yield from free_ports(64)
+
+
+def _preexec() -> None:
+    """Die with the test process (Linux), so a killed test run leaves nothing behind."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+
+
+def _tail(path: Path, n: int = 3000) -> str:
+    return path.read_text(errors="replace")[-n:] if path.exists() else ""
+
+
+def _stop(procs: dict[str, subprocess.Popen[bytes]]) -> None:
+    for p in procs.values():
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    for p in procs.values():
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_compose_commands_run_as_local_processes(tmp_path: Path) -> None:
+    compose = load()
+    services = compose["services"]
+    plan = make_plan(compose, tmp_path, _free_ports())
+    for d in plan.volumes.values():
+        d.mkdir(parents=True)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def failure(msg: str) -> str:
+        return msg + "".join(f"\n--- {n} ---\n{_tail(logs / f'{n}.err')}" for n in procs)
+
+    order = [n for n in start_order(compose, ["chaos"]) if n != "chaos"]
+    try:
+        for name in order:
+            # compose starts a service once its service_healthy dependencies are healthy
+            for dep, spec in services[name].get("depends_on", {}).items():
+                if spec["condition"] == "service_healthy":
+                    _wait_healthy(dep, services[dep], plan, procs, failure)
+            argv = translate(argv_of(services[name]), name, plan)
+            with open(logs / f"{name}.out", "wb") as out, open(logs / f"{name}.err", "wb") as err:
+                procs[name] = subprocess.Popen(argv, stdout=out, stderr=err, cwd=tmp_path,
+                                               env=env, preexec_fn=_preexec)
+        for name in order:
+            if "healthcheck" in services[name]:
+                _wait_healthy(name, services[name], plan, procs, failure)
+        chaos = translate(argv_of(services["chaos"]), "chaos", plan)
+        chaos += ["--duration", "4", "--quiet", "0.3,0.6", "--fault", "0.5,1",
+                  "--quiet-timeout", "20", "--seed", "7", "--rate", "150"]
+        run = subprocess.run(chaos, capture_output=True, text=True, timeout=90, cwd=tmp_path,
+                             env=env, preexec_fn=_preexec)
+        assert run.returncode == 0, failure(f"chaos exit {run.returncode}\n{run.stdout}"
+                                            f"\n{run.stderr[-3000:]}")
+        out_dir = Path(translate([flag(argv_of(services["chaos"]), "--out")], "chaos", plan)[0])
+        report = json.loads((out_dir / "report.json").read_text())
+        assert report["valid"] and report["checker"]["valid"], run.stdout
+        assert sorted(report["nodes"]) == sorted(nodes_of(compose))
+        finals = report["checker"]["finals"]
+        assert finals, "final reads were taken"
+        for f in finals:
+            assert len(set(f["values"].values())) == 1 and f["converged"], f
+            assert set(f["values"]) == set(nodes_of(compose)), f
+        assert report["checker"]["acknowledged"] > 0
+        for name, p in procs.items():
+            assert p.poll() is None, failure(f"{name} exited early with {p.returncode}")
+    finally:
+        _stop(procs)
+    for name in nodes_of(compose):
+        code = procs[name].returncode
+        assert code == 0, failure(f"{name}: exit {code} after SIGTERM")
+
+
+def _wait_healthy(name: str, svc: dict[str, Any], plan: LocalPlan,
+                  procs: dict[str, subprocess.Popen[bytes]], failure: Any) -> None:
+    """Run the service's own (translated) healthcheck until it passes, with a deadline."""
+    check = translate(healthcheck_code(svc), name, plan)
+    deadline = time.monotonic() + 30
+    while True:
+        assert procs[name].poll() is None, failure(f"{name} exited with {procs[name].returncode}")
+        if subprocess.run(check, capture_output=True, timeout=10).returncode == 0:
+            return
+        assert time.monotonic() < deadline, failure(f"{name} not healthy within 30 s")
+        time.sleep(0.2)
