@@ -13,6 +13,7 @@ import textwrap
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
@@ -492,3 +493,137 @@ def test_encoding_round_trips_any_valid_record(records: list[LogRecord]) -> None
     buf = frames(records)
     assert wal._scan(buf) == len(buf)
     assert list(wal._decode_segment(Path("x"), buf)) == records
+
+
+# ---------------------------------------------------------------- LogRecord, columnar frames (v2)
+
+
+def test_log_record_compares_like_the_dataclass_it_replaced() -> None:
+    a = rec(1)
+    assert a == rec(1) and (a != rec(1)) is False
+    assert a != rec(2) and (a == rec(2)) is False
+    assert a != tuple(a) and tuple(a) != a  # never equal to a plain tuple with the same fields
+    assert hash(a) == hash(tuple(a))  # the frozen dataclass hashed its field tuple too
+    assert a.kind == RecordKind.APPLY and a.op_id == "c:1" and a.ts == 1.7e9 + 1
+    with pytest.raises(AttributeError):
+        a.delta = 5  # type: ignore[misc]
+    assert LogRecord._fields == ("kind", "op_id", "table", "key", "delta", "origin", "p", "n", "ts")
+
+
+def columns(records: list[LogRecord]) -> Any:
+    return [list(col) for col in zip(*records, strict=True)] if records else [[]] * 9
+
+
+_RECORDS = st.lists(
+    st.builds(
+        LogRecord,
+        kind=st.integers(0, 255),
+        op_id=st.text(max_size=40),
+        table=st.text(max_size=10),
+        key=st.text(max_size=40),
+        delta=st.integers(I64_MIN, I64_MAX),
+        origin=st.text(max_size=8),
+        p=st.integers(0, U64_MAX),
+        n=st.integers(0, U64_MAX),
+        ts=st.floats(allow_nan=False),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(_RECORDS, st.sets(st.sampled_from([0, 2, 5, 8])))
+def test_columnar_encoding_round_trips_with_shared_fields(
+    records: list[LogRecord], shared: set[int]
+) -> None:
+    # a "shared" field takes the first record's value for every record
+    if records:
+        first = records[0]
+        records = [
+            LogRecord._make([first[i] if i in shared else r[i] for i in range(9)]) for r in records
+        ]
+    cols = columns(records)
+    for i in shared:
+        if records:
+            cols[i] = records[0][i]
+    buf = wal._encode_columns(cols, msgpack.Packer().pack)
+    assert wal._scan(buf) == len(buf)
+    assert list(wal._decode_segment(Path("x"), buf)) == records
+    if len(records) >= wal._COLUMNAR_MIN:
+        assert len(buf) < len(frames(records)) + 64  # one frame, not one per record
+
+
+async def test_append_columns_replays_like_append_and_mixes_with_v1(tmp_path: Path) -> None:
+    node_batch = [
+        LogRecord(RecordKind.APPLY, f"a:{i}", "t", f"k{i}", i - 50, "n1@2", i, 50, 5.5)
+        for i in range(100)
+    ]
+    replica_batch = recs(7, prefix="r")
+    async with DurableLog(tmp_path, fsync=True, segment_bytes=3000) as log:
+        await log.append(recs(2))  # v1 frames
+        c = columns(node_batch)
+        await log.append_columns(RecordKind.APPLY, c[1], c[2], c[3], c[4], "n1@2", c[6], c[7], 5.5)
+        await log.append_columns(*columns(replica_batch))
+        await log.append_columns(*columns(recs(1, start=9)))  # one record: written as v1
+        await log.append_columns(1, [], "t", "k", 0, "o", 0, 0, 0.0)  # nothing at all
+        stats = log.stats()
+    assert stats.records_appended == 2 + 100 + 7 + 1
+    _, replayed = await reopen(tmp_path)
+    assert replayed == recs(2) + node_batch + replica_batch + recs(1, start=9)
+
+
+async def test_append_columns_refuses_bad_input_and_queues_nothing(tmp_path: Path) -> None:
+    async with DurableLog(tmp_path, fsync=False) as log:
+        ids = ["a", "b", "c", "d"]
+        for bad in (
+            (1, ids, "t", "k", [0, 0, I64_MAX + 1, 0], "n", 0, 0, 0.0),
+            (1, ids, "t", "k", I64_MIN - 1, "n", 0, 0, 0.0),
+            (1, ids, "t", "k", 0, "n", [0, -1, 0, 0], 0, 0.0),
+            (1, ids, "t", "k", 0, "n", 0, U64_MAX + 1, 0.0),
+            (1, ids, "t", ["k"] * 3, 0, "n", 0, 0, 0.0),  # a column of the wrong length
+            (1, "abcd", "t", "k", 0, "n", 0, 0, 0.0),  # op_id must be a list
+            (1, ["a"], "t", "k" * (70 * 1024), 0, "n", 0, 0, 0.0),  # one record over 64 KiB
+        ):
+            with pytest.raises(ValueError):
+                log.append_columns_nowait(*bad)
+        assert log.stats().records_appended == 0
+    assert (await reopen(tmp_path))[1] == []
+
+
+async def test_a_large_columnar_append_is_split_under_the_frame_limit(tmp_path: Path) -> None:
+    big = [LogRecord(1, f"op-{i}", "t", "k" * 200 + str(i), 1, "n", i, 0, 0.0) for i in range(800)]
+    buf = wal._encode_columns(columns(big), msgpack.Packer().pack)
+    assert len(buf) > wal.MAX_RECORD_BYTES and wal._scan(buf) == len(buf)
+    async with DurableLog(tmp_path, fsync=False) as log:
+        await log.append_columns(*columns(big))
+    assert (await reopen(tmp_path))[1] == big
+
+
+async def test_torn_columnar_frame_drops_the_whole_append(tmp_path: Path) -> None:
+    async with DurableLog(tmp_path, fsync=False) as log:
+        await log.append(recs(3))
+        await log.append_columns(*columns(recs(50, start=3)))
+    os.truncate(segment(tmp_path), segment(tmp_path).stat().st_size - 5)
+    assert (await reopen(tmp_path))[1] == recs(3)
+
+
+def test_unknown_payload_versions_are_undecodable() -> None:
+    for obj in (
+        [3, 1, ["a"], "t", "k", 0, "n", 0, 0, 0.0],  # an unknown version
+        [2, 1, "a", "t", "k", 0, "n", 0, 0, 0.0],  # no op_id array
+        [2, 1, ["a", "b"], ["t"], "k", 0, "n", 0, 0, 0.0],  # columns of different lengths
+        [1, 2, 3],
+    ):
+        payload = msgpack.packb(obj)
+        buf = wal._FRAME.pack(len(payload), wal.zlib.crc32(payload)) + payload
+        with pytest.raises(LogCorruptError):
+            list(wal._decode_segment(Path("x"), buf))
+
+
+async def test_fsync_in_loop_commits_on_the_loop_thread(tmp_path: Path) -> None:
+    async with DurableLog(tmp_path, fsync=True, fsync_in_loop=True) as log:
+        await asyncio.gather(*(log.append(recs(3, start=3 * i)) for i in range(20)))
+        stats = log.stats()
+    assert stats.fsyncs >= 1 and stats.records_appended == 60
+    assert stats.fsyncs < 20  # appends queued in one turn still share an fsync
+    assert (await reopen(tmp_path))[1] == recs(60)

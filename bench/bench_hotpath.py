@@ -1,0 +1,225 @@
+"""Micro-benchmarks of the write path's pieces, per op, at batch sizes 1, 10 and 100.
+
+    python -m bench.bench_hotpath [--seconds 0.3] [--sizes 1,10,100] [--json FILE]
+
+Rows (each timed in a loop of whole batches; the number is microseconds per op):
+  dedup fbf loop       ``FBFDedup.seen_or_add`` once per id
+  dedup fbf add_many   ``ForgetfulBloomFilter.add_many`` (inverted), the vectorised call
+  dedup fbf many       ``FBFDedup.seen_or_add_many`` (picks loop or vector by batch size)
+  record build         ``make_record`` / ``LogRecord(...)`` once per op
+  encode per-record    ``wal._encode``: one msgpack call and one frame per record (format v1)
+  encode columnar      ``wal._encode_columns``: one msgpack call and one frame per batch (v2)
+  append fsync off/on  ``DurableLog.append`` of one batch, awaited, one appender; wall time and
+                       the process CPU time (loop + wal thread), both per op
+  append columns       ``DurableLog.append_columns`` with node-shaped columns (kind, origin,
+                       ts shared), fsync off/on; ``inline`` rows fsync on the loop thread
+
+The FBF is sized like the cluster benchmark (``--rate 200000 --window 10``, fpp 1e-6).
+Rows for APIs that do not exist in the checked-out tree are skipped, so the same script
+measures before and after a change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+import cluster.wal as wal
+from cluster.dedup import make_dedup
+from cluster.records import make_record
+from cluster.wal import DurableLog, LogRecord
+
+_ids = itertools.count()
+
+
+def _op_ids(n: int) -> list[bytes]:
+    return [f"client-{next(_ids):012d}:op".encode() for _ in range(n)]
+
+
+def per_op_us(fn: Callable[[], Any], ops_per_call: int, seconds: float) -> float:
+    """Best of three timed runs of ``fn`` repeated for about ``seconds``, in us per op."""
+    calls = 1
+    while True:  # calibrate: enough calls for ~seconds/3
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        dt = time.perf_counter() - t0
+        if dt > seconds / 10:
+            break
+        calls *= 4
+    calls = max(1, int(calls * (seconds / 3) / dt))
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, time.perf_counter() - t0)
+    return best / calls / ops_per_call * 1e6
+
+
+def _records(b: int) -> list[LogRecord]:
+    now = time.time()
+    return [
+        make_record(
+            1, f"client-{i:012d}:op", "fbf_t", f"key-{i % 10000}", 1, "n1@3", 1000 + i, 0, now
+        )
+        for i in range(b)
+    ]
+
+
+def _columns(recs: list[LogRecord]) -> list[list[Any]]:
+    return [
+        [getattr(r, f) for r in recs]
+        for f in ("kind", "op_id", "table", "key", "delta", "origin", "p", "n", "ts")
+    ]
+
+
+def _each(fn: Callable[[Any], Any], pool: Iterator[Any]) -> Callable[[], Any]:
+    """A call of ``fn`` on the next batch of ``pool`` (fresh ids each time, for the dedup)."""
+    return lambda: fn(next(pool))
+
+
+def _loop(fn: Callable[[Any], Any], pool: Iterator[Any]) -> Callable[[], Any]:
+    return lambda: [fn(x) for x in next(pool)]
+
+
+def _star_loop(fn: Callable[..., Any], rows: list[tuple[Any, ...]]) -> Callable[[], Any]:
+    return lambda: [fn(*row) for row in rows]
+
+
+def bench_dedup(sizes: list[int], seconds: float) -> dict[str, dict[int, float]]:
+    rows: dict[str, dict[int, float]] = {}
+    d: Any = make_dedup("fbf", window=10, rate=200_000, target_fpp=1e-6)
+    for b in sizes:
+        pool = itertools.cycle([_op_ids(b) for _ in range(2000)])
+        rows.setdefault("dedup fbf loop", {})[b] = per_op_us(_loop(d.seen_or_add, pool), b, seconds)
+        rows.setdefault("dedup fbf add_many", {})[b] = per_op_us(
+            _each(lambda ids: (~d.filter.add_many(ids)).tolist(), pool), b, seconds
+        )
+        if hasattr(d, "seen_or_add_many"):
+            rows.setdefault("dedup fbf many", {})[b] = per_op_us(
+                _each(d.seen_or_add_many, pool), b, seconds
+            )
+    return rows
+
+
+def bench_records(sizes: list[int], seconds: float) -> dict[str, dict[int, float]]:
+    rows: dict[str, dict[int, float]] = {}
+    pack = msgpack.Packer().pack
+    now = time.time()
+    enc_cols = getattr(wal, "_encode_columns", None)
+    for b in sizes:
+        args = [
+            (1, f"client-{i:012d}:op", "fbf_t", f"key-{i}", 1, "n1@3", 1000 + i, 0, now)
+            for i in range(b)
+        ]
+        rows.setdefault("record build", {})[b] = per_op_us(
+            _star_loop(make_record, args), b, seconds
+        )
+        recs = _records(b)
+        rows.setdefault("encode per-record (v1)", {})[b] = per_op_us(
+            _each(lambda r: wal._encode(r, pack), itertools.repeat(recs)), b, seconds
+        )
+        if enc_cols is not None:
+            cols = _columns(recs)
+            shared = [1, cols[1], cols[2], cols[3], cols[4], "n1@3", cols[6], cols[7], now]
+            rows.setdefault("encode columnar (v2)", {})[b] = per_op_us(
+                _each(lambda c: enc_cols(c, pack), itertools.repeat(cols)), b, seconds
+            )
+            rows.setdefault("encode columnar, shared kind/origin/ts", {})[b] = per_op_us(
+                _each(lambda c: enc_cols(c, pack), itertools.repeat(shared)), b, seconds
+            )
+    return rows
+
+
+async def _append_cell(
+    directory: Path, b: int, seconds: float, fsync: bool, mode: str, **kw: Any
+) -> tuple[float, float]:
+    """(wall us per op, CPU us per op) for one appender awaiting batches of ``b``."""
+    async with DurableLog(directory, fsync=fsync, **kw) as log:
+        recs = _records(b)
+        cols = _columns(recs)
+        now = recs[0].ts
+        if mode == "records":
+
+            async def one() -> None:
+                await log.append(recs)
+        else:
+
+            async def one() -> None:
+                await log.append_columns(
+                    1, cols[1], cols[2], cols[3], cols[4], "n1@3", cols[6], cols[7], now
+                )
+
+        for _ in range(20):
+            await one()
+        n = 0
+        c0, t0 = time.process_time(), time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            await one()
+            n += 1
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return wall / n / b * 1e6, cpu / n / b * 1e6
+
+
+def bench_append(sizes: list[int], seconds: float) -> dict[str, dict[int, float]]:
+    rows: dict[str, dict[int, float]] = {}
+    has_cols = hasattr(DurableLog, "append_columns")
+    has_inline = "fsync_in_loop" in DurableLog.__init__.__code__.co_varnames
+    cells: list[tuple[str, bool, str, dict[str, Any]]] = [
+        ("append records", False, "records", {}),
+        ("append records", True, "records", {}),
+    ]
+    if has_inline:
+        cells.append(("append records inline", True, "records", {"fsync_in_loop": True}))
+    if has_cols:
+        cells += [("append columns", False, "columns", {}), ("append columns", True, "columns", {})]
+        if has_inline:
+            cells.append(("append columns inline", True, "columns", {"fsync_in_loop": True}))
+    with tempfile.TemporaryDirectory(prefix="bench-hotpath-", dir=".") as root:
+        for b in sizes:
+            for i, (name, fsync, mode, kw) in enumerate(cells):
+                wall, cpu = asyncio.run(
+                    _append_cell(Path(root) / f"{b}-{i}", b, seconds, fsync, mode, **kw)
+                )
+                tag = "fsync on" if fsync else "fsync off"
+                rows.setdefault(f"{name}, {tag}: wall", {})[b] = wall
+                rows.setdefault(f"{name}, {tag}: CPU", {})[b] = cpu
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=0.3, help="per cell")
+    ap.add_argument("--sizes", default="1,10,100")
+    ap.add_argument("--only", default="dedup,records,append")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    only = set(args.only.split(","))
+    rows: dict[str, dict[int, float]] = {}
+    if "dedup" in only:
+        rows |= bench_dedup(sizes, args.seconds)
+    if "records" in only:
+        rows |= bench_records(sizes, args.seconds)
+    if "append" in only:
+        rows |= bench_append(sizes, args.seconds * 3)
+    width = max(len(r) for r in rows)
+    print(f"{'us per op':<{width}}" + "".join(f"{'batch ' + str(b):>12}" for b in sizes))
+    for name, cells in rows.items():
+        print(f"{name:<{width}}" + "".join(f"{cells.get(b, float('nan')):>12.2f}" for b in sizes))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
