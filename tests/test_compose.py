@@ -400,6 +400,7 @@ def test_compose_commands_run_as_local_processes(tmp_path: Path) -> None:
                   "--quiet-timeout", "20", "--seed", "7", "--rate", "150"]
         run = subprocess.run(chaos, capture_output=True, text=True, timeout=90, cwd=tmp_path,
                              env=env, preexec_fn=_preexec)
+        print(run.stdout)  # the checker's report, as `docker compose run --rm chaos` prints it
         assert run.returncode == 0, failure(f"chaos exit {run.returncode}\n{run.stdout}"
                                             f"\n{run.stderr[-3000:]}")
         out_dir = Path(translate([flag(argv_of(services["chaos"]), "--out")], "chaos", plan)[0])
