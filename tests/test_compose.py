@@ -310,6 +310,33 @@ def test_secret_placeholder_enables_cleanly() -> None:
     assert "--secret-file" in help_text
 
 
+def test_dockerfile_builds_from_what_the_context_has() -> None:
+    """What can be checked without a builder: slim 3.11 base, every COPY source exists and is
+    not excluded by .dockerignore, the copied dirs cover pyproject's packages, non-root user."""
+    text = (ROOT / "compose" / "Dockerfile").read_text()
+    bases = re.findall(r"(?m)^FROM\s+(\S+)", text)
+    assert bases and all(b == "python:3.11-slim" for b in bases), bases
+    sources = [src for line in re.findall(r"(?m)^COPY\s+(?!--from)(.+)$", text)
+               for src in line.split()[:-1]]
+    assert sources
+    ignore = [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()
+              if ln.strip() and not ln.startswith("#")]
+    assert ignore[0] == "*", "allow-list .dockerignore"
+    allowed = {ln[1:].rstrip("/") for ln in ignore if ln.startswith("!")}
+    for src in sources:
+        assert (ROOT / src).exists(), src
+        assert src.rstrip("/") in allowed, f"{src} is excluded from the build context"
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    include = re.search(r"include = \[(.*?)\]", pyproject)
+    assert include is not None
+    for pattern in re.findall(r'"([^"]+)"', include.group(1)):
+        assert pattern.rstrip("*") in {s.rstrip("/") for s in sources}, pattern
+    if 'readme = "README.md"' in pyproject:
+        assert "README.md" in sources, "setuptools reads the readme when building"
+    users = re.findall(r"(?m)^USER\s+(\S+)", text)
+    assert users and users[-1] not in {"root", "0"}, "runs as a non-root user"
+
+
 def _compose_cli() -> list[str] | None:
     if shutil.which("docker-compose"):
         return ["docker-compose"]
