@@ -451,3 +451,44 @@ def test_flower_shape_follows_the_blogs_guideline() -> None:
     s2, n2, b2 = flower_shape(1000, 1e-6)
     assert b1 in (8, 16) and b2 == 32 and n2 > n1
     assert s2 * b2 > s1 * b1
+
+
+# -- seen_or_add_many ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", DEDUP_NAMES)
+@settings(max_examples=30, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.floats(0.0, 0.45),
+            st.lists(st.tuples(st.integers(0, 2), st.integers(0, 40)), max_size=60),
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_seen_or_add_many_equals_a_loop_of_seen_or_add(
+    name: str, steps: list[tuple[float, list[tuple[int, int]]]]
+) -> None:
+    batch_clock, loop_clock = FakeClock(), FakeClock()
+    batched, looped = make(name, batch_clock), make(name, loop_clock)
+    for dt, pairs in steps:
+        batch_clock.advance(dt)
+        loop_clock.advance(dt)
+        batch = [f"c{c}:{i}".encode() for c, i in pairs]  # repeats within and across batches
+        got = batched.seen_or_add_many(batch)
+        assert type(got) is list and all(type(x) is bool for x in got)
+        assert got == [looped.seen_or_add(x) for x in batch]
+    probe = [f"c{c}:{i}".encode() for c in range(3) for i in range(45)]
+    assert [x in batched for x in probe] == [x in looped for x in probe]
+    assert batched.stats().keys() == looped.stats().keys()
+
+
+@pytest.mark.parametrize("name", ["fbf", "adaptive-fbf"])
+def test_fbf_seen_or_add_many_uses_the_vector_path_and_inverts_it(name: str) -> None:
+    d: Any = make(name, FakeClock())
+    batch = ids("v", 200) + ids("v", 5)  # past the filter's numpy crossover, with repeats
+    assert d.seen_or_add_many(batch) == [False] * 200 + [True] * 5
+    assert d.seen_or_add_many(ids("v", 1, start=3)) == [True]
+    assert d.seen_or_add_many([]) == []

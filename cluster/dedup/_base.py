@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import msgpack
@@ -20,6 +20,12 @@ class Dedup(Protocol):
 
     def seen_or_add(self, op_id: bytes) -> bool:
         """True: already seen (a duplicate, do not apply). False: new, and now recorded."""
+        ...
+
+    def seen_or_add_many(self, op_ids: Sequence[bytes]) -> list[bool]:
+        """``seen_or_add`` for each id in order, as one call: a list of bools (not a numpy
+        array), True where the id is a duplicate. A repeat inside the batch is a duplicate of
+        its first occurrence. Time-based strategies read the clock once for the batch."""
         ...
 
     def __contains__(self, op_id: bytes) -> bool:

@@ -9,6 +9,7 @@ once: a retry arriving just after a clear is applied twice, so it guarantees no 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from cluster.bloom import BloomFilter
@@ -38,6 +39,10 @@ class BloomDedup:
 
     def seen_or_add(self, op_id: bytes) -> bool:
         return not self._f.add(op_id)
+
+    def seen_or_add_many(self, op_ids: Sequence[bytes]) -> list[bool]:
+        seen = self.seen_or_add
+        return [seen(x) for x in op_ids]
 
     def __contains__(self, op_id: bytes) -> bool:
         return op_id in self._f
@@ -95,6 +100,10 @@ class RecyclingBloomDedup:
             f.add(op_id)
             self.clears += 1
         return False
+
+    def seen_or_add_many(self, op_ids: Sequence[bytes]) -> list[bool]:
+        seen = self.seen_or_add
+        return [seen(x) for x in op_ids]
 
     def __contains__(self, op_id: bytes) -> bool:
         return op_id in self._f

@@ -19,6 +19,7 @@ from __future__ import annotations
 import sys
 import time
 from array import array
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -124,6 +125,10 @@ class CountingBloomDedup:
         self._h1.append(h1)
         self._h2.append(h2)
         return False
+
+    def seen_or_add_many(self, op_ids: Sequence[bytes]) -> list[bool]:
+        seen = self.seen_or_add
+        return [seen(x) for x in op_ids]
 
     def __contains__(self, op_id: bytes) -> bool:
         # expiring is time passing, not recording: the FBF's check rotates its filters alike

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 from cluster.dedup._base import Clock, check_version, frame
@@ -51,6 +52,24 @@ class ExactDedup:
         order.append(op_id)
         self._key_len += len(op_id)
         return False
+
+    def seen_or_add_many(self, op_ids: Sequence[bytes]) -> list[bool]:
+        now = self._clock()  # one instant for the batch
+        order, seen = self._order, self._seen
+        if order and seen[order[0]] < now - self._window:
+            self._expire(now)
+        out: list[bool] = []
+        added = 0
+        for op_id in op_ids:
+            if op_id in seen:
+                out.append(True)
+            else:
+                seen[op_id] = now
+                order.append(op_id)
+                added += len(op_id)
+                out.append(False)
+        self._key_len += added
+        return out
 
     def __contains__(self, op_id: bytes) -> bool:
         t = self._seen.get(op_id)

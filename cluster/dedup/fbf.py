@@ -10,6 +10,7 @@ run a background task still adapts.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from cluster.dedup._base import Clock, check_version, frame
@@ -36,6 +37,12 @@ class FBFDedup:
 
     def seen_or_add(self, op_id: bytes) -> bool:
         return not self._f.add(op_id)
+
+    def seen_or_add_many(self, op_ids: Sequence[bytes]) -> list[bool]:
+        # add_many answers True where NEW (and loops below its own numpy crossover)
+        if len(op_ids) == 1:
+            return [not self._f.add(op_ids[0])]
+        return (~self._f.add_many(op_ids)).tolist()
 
     def __contains__(self, op_id: bytes) -> bool:
         return op_id in self._f
@@ -96,6 +103,15 @@ class AdaptiveFBFDedup(FBFDedup):
             if self._f.adapt():
                 self.adaptations += 1
         return dup
+
+    def seen_or_add_many(self, op_ids: Sequence[bytes]) -> list[bool]:
+        dups = super().seen_or_add_many(op_ids)
+        now = self._clock()
+        if now >= self._next_adapt:
+            self._next_adapt = now + self.ADAPT_INTERVAL
+            if self._f.adapt():
+                self.adaptations += 1
+        return dups
 
     def stats(self) -> dict[str, float]:
         s = super().stats()

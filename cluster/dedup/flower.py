@@ -22,6 +22,7 @@ Two choices the blog leaves open:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import mmh3
@@ -84,6 +85,10 @@ class FlowerDedup:
             mv[q] = fp  # every sighting rewrites all n entries, as in the blog
         self.inserts += 1
         return seen
+
+    def seen_or_add_many(self, op_ids: Sequence[bytes]) -> list[bool]:
+        seen = self.seen_or_add
+        return [seen(x) for x in op_ids]
 
     def __contains__(self, op_id: bytes) -> bool:
         pos, fp = self._locate(op_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from cluster.dedup._base import check_version, frame
@@ -18,6 +19,10 @@ class NoDedup:
     def seen_or_add(self, op_id: bytes) -> bool:
         self.ops += 1
         return False
+
+    def seen_or_add_many(self, op_ids: Sequence[bytes]) -> list[bool]:
+        self.ops += len(op_ids)
+        return [False] * len(op_ids)
 
     def __contains__(self, op_id: bytes) -> bool:
         return False

@@ -21,6 +21,7 @@ import math
 import sys
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 from cluster.dedup._base import Clock, check_version, frame
@@ -100,6 +101,10 @@ class SeqWindowDedup:
             return True
         st.bits |= bit
         return False
+
+    def seen_or_add_many(self, op_ids: Sequence[bytes]) -> list[bool]:
+        seen = self.seen_or_add
+        return [seen(x) for x in op_ids]
 
     def __contains__(self, op_id: bytes) -> bool:
         client, seq = parse_op_id(op_id)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -118,6 +119,10 @@ class StableBloomDedup:
             mv[q] = MAX
         self.inserts += 1
         return dup
+
+    def seen_or_add_many(self, op_ids: Sequence[bytes]) -> list[bool]:
+        seen = self.seen_or_add
+        return [seen(x) for x in op_ids]
 
     def __contains__(self, op_id: bytes) -> bool:
         mv = self._mv
