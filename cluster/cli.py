@@ -25,6 +25,14 @@ _FLAGS: dict[str, tuple[str, type]] = {
     "snapshot_interval": ("snapshot_interval", float),
     "drain_timeout": ("drain_timeout", float),
     "max_inflight_frames": ("max_inflight_frames", int),
+    "connect_via": ("connect_via", str),
+    "heartbeat_interval": ("heartbeat_interval", float),
+    "phi_threshold": ("phi_threshold", float),
+    "failure_timeout": ("failure_timeout", float),
+    "antientropy_interval": ("antientropy_interval", float),
+    "max_hints": ("max_hints", int),
+    "reconcile_timeout": ("reconcile_timeout", float),
+    "max_clock_skew": ("max_clock_skew", float),
 }
 
 
@@ -34,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run one node of the idempotent counter cluster.",
         epilog="--dedup takes a strategy (fbf, adaptive-fbf, exact, none, ...) or per-table "
                "choices: 'fbf,t1=exact,t2=none'. --config FILE (JSON or TOML) takes the same "
-               "fields (underscored); flags given on the command line win.",
+               "fields (underscored); flags given on the command line win. "
+               "--connect-via ID=HOST:PORT[,ID=HOST:PORT...]: to reach peer ID, dial this "
+               "address instead (a per-link proxy).",
     )
     for flag, (_, typ) in _FLAGS.items():
         ap.add_argument("--" + flag.replace("_", "-"), dest=flag, type=typ, default=None)

@@ -26,6 +26,18 @@ Every field, its default and its constraint (durations are float seconds):
     max_inflight_frames = 0   unanswered frames per peer and kind before calls pile up into
                               the next frame (0 = no limit: one frame per event-loop turn)
     drain_timeout = 5.0       SIGTERM: time allowed for in-flight requests
+    connect_via = ()          ((peer id, host, port), ...): dial this address to reach that
+                              peer instead of its --peers address (a per-link proxy)
+    heartbeat_interval = 0.2  seconds between heartbeats on every peer link; > 0
+    phi_threshold = 8.0       phi-accrual suspicion level above which a peer counts as down
+    failure_timeout = 1.0     a peer silent this long is down whatever phi says (also the
+                              floor of the detector's expected interval); > heartbeat_interval
+    antientropy_interval = 5.0  seconds between digest exchanges with each live replica
+    max_hints = 100000        writes kept per down replica for hinted handoff (oldest dropped;
+                              anti-entropy repairs whatever a full queue dropped)
+    reconcile_timeout = 5.0   at start, time allowed to settle in-doubt ops and pull the
+                              replicas' dedup state before serving anyway (the rest is retried)
+    max_clock_skew = 1.0      allowed client/node clock difference when an op carries ts_ms
 """
 
 from __future__ import annotations
@@ -110,6 +122,14 @@ class NodeConfig:
     adapt_interval: float = 1.0
     max_inflight_frames: int = 0
     drain_timeout: float = 5.0
+    connect_via: tuple[Peer, ...] = ()
+    heartbeat_interval: float = 0.2
+    phi_threshold: float = 8.0
+    failure_timeout: float = 1.0
+    antientropy_interval: float = 5.0
+    max_hints: int = 100_000
+    reconcile_timeout: float = 5.0
+    max_clock_skew: float = 1.0
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -128,9 +148,21 @@ class NodeConfig:
         if not self.data_dir:
             raise ConfigError("data_dir: required")
         for name in ("window", "rate", "quorum_timeout", "peer_connect_timeout",
-                     "snapshot_interval", "adapt_interval", "drain_timeout"):
+                     "snapshot_interval", "adapt_interval", "drain_timeout",
+                     "heartbeat_interval", "phi_threshold", "antientropy_interval",
+                     "reconcile_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name}: must be > 0, got {getattr(self, name)}")
+        if not self.failure_timeout > self.heartbeat_interval:
+            raise ConfigError(f"failure_timeout: must be > heartbeat_interval "
+                              f"({self.heartbeat_interval}), got {self.failure_timeout}")
+        if self.max_clock_skew < 0:
+            raise ConfigError(f"max_clock_skew: must be >= 0, got {self.max_clock_skew}")
+        if self.max_hints < 0:
+            raise ConfigError(f"max_hints: must be >= 0, got {self.max_hints}")
+        unknown = [v[0] for v in self.connect_via if v[0] not in ids]
+        if unknown:
+            raise ConfigError(f"connect_via: {unknown[0]!r} is not in peers {ids}")
         if not 0.0 < self.target_fpp < 1.0:
             raise ConfigError(f"target_fpp: must be in (0, 1), got {self.target_fpp}")
         for name in ("vnodes", "max_body_bytes", "max_batch_ops", "max_op_id_bytes",
@@ -163,6 +195,13 @@ class NodeConfig:
             if pid == node_id:
                 return host, port
         raise KeyError(node_id)
+
+    def dial_addr(self, node_id: str) -> tuple[str, int]:
+        """Where to connect to reach ``node_id``: its --connect-via address, else --peers."""
+        for pid, host, port in self.connect_via:
+            if pid == node_id:
+                return host, port
+        return self.peer_addr(node_id)
 
     def dedup_for(self, table: str) -> str:
         for t, name in self.dedup_tables:
@@ -204,6 +243,8 @@ def from_mapping(values: Mapping[str, Any]) -> NodeConfig:
         data["listen"] = parse_hostport(data["listen"], name="listen")
     if not isinstance(data["peers"], tuple):
         data["peers"] = parse_peers(data["peers"])
+    if data.get("connect_via") is not None and not isinstance(data["connect_via"], tuple):
+        data["connect_via"] = parse_peers(data["connect_via"]) if data["connect_via"] else ()
     if isinstance(data.get("dedup"), str) and "=" in data["dedup"]:
         default, tables = parse_dedup(data["dedup"])
         data["dedup"] = default

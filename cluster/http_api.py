@@ -83,7 +83,8 @@ async def post_counter(request: web.Request) -> web.Response:
     table = check_name(request.match_info["table"], "table")
     key = check_name(request.match_info["key"], "key")
     op = check_op(await _read_body(request), table, key,
-                  max_op_id_bytes=node.config.max_op_id_bytes)
+                  max_op_id_bytes=node.config.max_op_id_bytes,
+                  max_clock_skew_ms=int(node.config.max_clock_skew * 1000))
     if _expired(node, op):
         node.metrics.expired += 1
         raise OpExpired(f"op is {op[5]} ms old; this node recognises retries for "
@@ -100,7 +101,8 @@ async def post_batch(request: web.Request) -> web.Response:
     node = request.app[NODE_KEY]
     cfg = node.config
     ops = check_batch(await _read_body(request), max_ops=cfg.max_batch_ops,
-                      max_op_id_bytes=cfg.max_op_id_bytes)
+                      max_op_id_bytes=cfg.max_op_id_bytes,
+                      max_clock_skew_ms=int(cfg.max_clock_skew * 1000))
     statuses = [_EXPIRED] * len(ops)
     live = [i for i, op in enumerate(ops) if not _expired(node, op)]
     node.metrics.expired += len(ops) - len(live)

@@ -58,6 +58,11 @@ class NodeMetrics:
     repairs_in: int = 0
     replayed: int = 0
     snapshots: int = 0
+    published_late: int = 0
+    withdrawn: int = 0
+    antientropy_keys: int = 0
+    hints_delivered: int = 0
+    retry_checks: int = 0
     requests: dict[str, Histogram] = field(default_factory=dict)
 
     def request_histogram(self, route: str) -> Histogram:
@@ -138,6 +143,11 @@ def render(node: Any) -> str:
         ("repairs_out", "read repairs sent"),
         ("repairs_in", "shard pairs raised by read repairs"),
         ("snapshots", "snapshots written"),
+        ("published_late", "in-doubt ops published after their first quorum failed"),
+        ("withdrawn", "in-doubt ops withdrawn because another leader applied them"),
+        ("antientropy_keys", "keys exchanged by anti-entropy"),
+        ("hints_delivered", "hinted writes delivered to a replica that came back"),
+        ("retry_checks", "ops checked on the other replicas before being applied"),
     ):
         ex.simple(f"idc_{name}_total", "counter", help_text, getattr(m, name))
     ex.simple("idc_replayed_records", "gauge", "log records replayed at start", m.replayed)

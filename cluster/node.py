@@ -13,18 +13,22 @@ Run as ``python -m cluster.node``; the CLI lives in ``cluster.cli``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from cluster import antientropy, recovery
+from cluster.antientropy import Hints
 from cluster.batching import TickBatcher
 from cluster.config import NodeConfig
-from cluster.errors import Unavailable
+from cluster.errors import PeerError, Unavailable
+from cluster.failure import FailureDetector
 from cluster.metrics import NodeMetrics
 from cluster.peer import PeerLink
+from cluster.quorum import next_incarnation, quorum_future
 from cluster.reads import read_counter
 from cluster.records import make_record
 from cluster.ring import Ring
@@ -33,76 +37,17 @@ from cluster.state import NodeState
 from cluster.wal import DurableLog, LogRecord, RecordKind
 from cluster.wire import Kind, Status
 
+__all__ = ["Node", "Op", "next_incarnation", "quorum_future"]
+
 log = logging.getLogger("cluster.node")
 
 # A client op after validation: (table, key, op_id, delta, attempt)
 Op = tuple[str, str, str, int, int]
 
-APPLY = int(RecordKind.APPLY)
-REPLICA = int(RecordKind.REPLICA)
+APPLY, REPLICA = int(RecordKind.APPLY), int(RecordKind.REPLICA)
+PUBLISHED, WITHDRAW = int(RecordKind.PUBLISHED), int(RecordKind.WITHDRAW)
 _APPLIED, _DUPLICATE, _UNAVAILABLE = int(Status.APPLIED), int(Status.DUPLICATE), int(
     Status.UNAVAILABLE)
-
-
-def next_incarnation(data_dir: Path) -> int:
-    """Read, bump and durably store this data directory's incarnation number."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    path = data_dir / "incarnation"
-    try:
-        current = int(path.read_text().strip() or 0)
-    except FileNotFoundError:
-        current = 0
-    tmp = data_dir / "incarnation.tmp"
-    with open(tmp, "w") as f:
-        f.write(f"{current + 1}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(data_dir, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return current + 1
-
-
-def quorum_future(futures: Sequence[asyncio.Future[Any]], need: int,
-                  timeout: float) -> asyncio.Future[bool]:
-    """Resolves True once ``need`` of ``futures`` succeed (a result other than False), False
-    when that became impossible or ``timeout`` passed. Callbacks, not ``asyncio.wait``: no task
-    per wait on the hot path."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[bool] = loop.create_future()
-    if need <= 0:
-        done.set_result(True)
-        return done
-    state = [0, 0]  # successes, failures
-    total = len(futures)
-
-    def on_done(f: asyncio.Future[Any]) -> None:
-        if done.done():
-            if not f.cancelled():
-                f.exception()  # consume it: a late failure is expected, not an error
-            return
-        if f.cancelled() or f.exception() is not None or f.result() is False:
-            state[1] += 1
-        else:
-            state[0] += 1
-        if state[0] >= need:
-            done.set_result(True)
-            timer.cancel()
-        elif state[1] > total - need:
-            done.set_result(False)
-            timer.cancel()
-
-    def on_timeout() -> None:
-        if not done.done():
-            done.set_result(False)
-
-    timer = loop.call_later(timeout, on_timeout)
-    for f in futures:
-        f.add_done_callback(on_done)
-    return done
 
 
 class Node:
@@ -117,9 +62,10 @@ class Node:
         self.origin = self.id  # becomes "<id>@<incarnation>" in recover()
         self.log = DurableLog(Path(config.data_dir) / "log", fsync=config.fsync)
         self.links: dict[str, PeerLink] = {
-            pid: PeerLink(self.id, pid, host, port, connect_timeout=config.peer_connect_timeout,
+            pid: PeerLink(self.id, pid, *config.dial_addr(pid),
+                          connect_timeout=config.peer_connect_timeout,
                           max_inflight_frames=config.max_inflight_frames)
-            for pid, host, port in config.peers if pid != self.id
+            for pid, _, _ in config.peers if pid != self.id
         }
         self.metrics = NodeMetrics()
         self._inflight: dict[str, asyncio.Future[bool]] = {}
@@ -128,14 +74,49 @@ class Node:
         self._targets: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._everyone_else = (tuple(m for m in self.ring.members if m != self.id)
                                if self.ring.replicates_everywhere else None)
-        self.is_live: Callable[[str], bool] = self._is_live
+        self.detector = FailureDetector(
+            list(self.links), interval=config.heartbeat_interval,
+            threshold=config.phi_threshold, timeout=config.failure_timeout)
+        self.detector.on_change = self._peer_changed
+        # Every member counts as live until heartbeats run (the server starts them): a guess
+        # from one failed connection would move a key's leader for no good reason.
+        self.is_live: Callable[[str], bool] = lambda _node: True
+        self.ready = False  # set once in-doubt ops are settled and dedup state pulled
+        self.checked = recovery.Checked(config.window, clock)
+        self.hints = Hints(config.max_hints)
+        self._degraded_until = time.monotonic() + config.window
+        self._bg: set[asyncio.Task[Any]] = set()
 
-    def _is_live(self, node_id: str) -> bool:
-        """Liveness predicate for leader choice. Every member counts as live until a failure
-        detector is plugged in here (``node.is_live = detector.is_live``): a guess based on one
-        failed connection would move a key's leader, and with it the point where duplicates
-        are caught, for no good reason."""
-        return True
+    @property
+    def pending(self) -> dict[str, list[Any]]:
+        """In-doubt ops: applied here as leader, not known to be on a quorum (op id -> item)."""
+        return self.state.pending
+
+    @property
+    def inflight(self) -> dict[str, asyncio.Future[bool]]:
+        return self._inflight
+
+    def use_detector(self) -> None:
+        self.is_live = self.detector.is_live
+
+    def recently_degraded(self) -> bool:
+        """A peer was down (or this node restarted) within the window: another leader may
+        have applied ops this one never saw, so non-primary leads are checked on the replicas."""
+        return time.monotonic() < self._degraded_until
+
+    def _peer_changed(self, peer: str, live: bool) -> None:
+        self._degraded_until = time.monotonic() + self.config.window
+        if live:
+            self.spawn(self._caught_up(peer))
+
+    async def _caught_up(self, peer: str) -> None:
+        await self.hints.deliver(self, peer)
+        await antientropy.sync_all(self, [peer])
+
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -153,20 +134,36 @@ class Node:
         if blob is not None:
             self.state.load_blob(blob)
         count = 0
-        replay = self.state.replay
+        replay, pending = self.state.replay, self.state.pending
         for rec in self.log.replay():
-            if rec.kind in (APPLY, REPLICA):
+            kind = rec.kind
+            if kind in (APPLY, REPLICA, WITHDRAW):
                 replay(rec.op_id, rec.table, rec.key, rec.origin, rec.p, rec.n, rec.ts)
                 count += 1
+            if kind == APPLY:
+                pending[rec.op_id] = [rec.op_id, rec.table, rec.key, rec.origin, rec.p, rec.n,
+                                      rec.delta, rec.ts]
+            elif kind in (PUBLISHED, WITHDRAW):
+                pending.pop(rec.op_id, None)
         self.metrics.replayed = count
         return count
 
+    async def prepare(self) -> None:
+        """Before serving: pull the replicas' dedup state and entries, settle in-doubt ops."""
+        await antientropy.pull_dedup(self)
+        await antientropy.sync_all(self, list(self.links))
+        await recovery.settle_all(self)
+
     async def close(self) -> None:
+        for task in list(self._bg):
+            task.cancel()
         for link in self.links.values():
             await link.stop()
         await self.log.stop()
 
     def abort(self) -> None:
+        for task in list(self._bg):
+            task.cancel()
         for link in self.links.values():
             link.abort()
         self.log.abort()
@@ -175,7 +172,7 @@ class Node:
         state = self.state
         return {
             "node": self.id,
-            "status": "ok",
+            "status": "ok" if self.ready else "recovering",
             "members": list(self.ring.members),
             "rf": self.ring.rf,
             "write_quorum": self.config.quorum,
@@ -190,6 +187,9 @@ class Node:
             "ring": {"vnodes": self.ring.vnodes, "hash": "murmur3_x64_128",
                      "key": "<table>/<key>"},
             "counters": state.shards.keys,
+            "live": {pid: self.is_live(pid) for pid in self.links},
+            "in_doubt": len(state.pending),
+            "hints": {pid: self.hints.pending(pid) for pid in self.links},
         }
 
     # -- coordinator -----------------------------------------------------------------------
@@ -229,6 +229,9 @@ class Node:
         fut = self.links[leader].call(Kind.FORWARD, ops)
         try:
             statuses = await asyncio.wait_for(fut, self.config.quorum_timeout * 1.5)
+        except PeerError as exc:  # the leader is unreachable: the next live replica leads
+            log.info("forward to %s failed, re-routing: %r", leader, exc)
+            return await self._reroute(leader, ops)
         except (TimeoutError, Unavailable) as exc:
             log.warning("forward to %s failed: %r", leader, exc)
             return [_UNAVAILABLE] * len(ops)
@@ -236,10 +239,46 @@ class Node:
             return [_UNAVAILABLE] * len(ops)
         return statuses
 
+    async def _reroute(self, failed: str, ops: list[Op]) -> list[int]:
+        """Lead or forward (once) to the next live replica. The failed leader may have applied
+        some of the ops, so they go as retries (attempt >= 2): checked on the replicas first."""
+        is_live = self.is_live
+        out = [_UNAVAILABLE] * len(ops)
+        groups: dict[str | None, list[int]] = {}
+        for i, op in enumerate(ops):
+            leader = self.ring.leader(op[0], op[1], lambda n: n != failed and is_live(n))
+            groups.setdefault(leader, []).append(i)
+        for leader, idx in groups.items():
+            sub: list[Op] = [(t, k, o, d, max(a, 2)) for t, k, o, d, a in (ops[i] for i in idx)]
+            if leader is None:
+                continue
+            if leader == self.id:
+                res = await self.lead(sub)
+            else:
+                try:
+                    res = await asyncio.wait_for(self.links[leader].call(Kind.FORWARD, sub),
+                                                 self.config.quorum_timeout * 1.5)
+                except (TimeoutError, Unavailable):
+                    continue
+            for i, st in zip(idx, res, strict=True):
+                out[i] = st
+        return out
+
     # -- leader ----------------------------------------------------------------------------
 
     def lead(self, ops: Sequence[Op]) -> asyncio.Future[list[int]]:
-        """Lead ``ops``; merged with every other batch led in this loop turn. Statuses in order."""
+        """Lead ``ops``; merged with every other batch led in this loop turn. Statuses in order.
+        Retries, and every op while a peer was recently down, are first checked on the replicas
+        (``cluster.recovery``); a node still recovering leads nothing."""
+        if not self.ready:
+            done: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+            done.set_result([_UNAVAILABLE] * len(ops))
+            return done
+        if self.recently_degraded() or any(op[4] > 1 for op in ops):
+            return asyncio.ensure_future(recovery.lead_checked(self, list(ops)))
+        return self._leads.submit(list(ops))
+
+    def lead_plain(self, ops: Sequence[Op]) -> asyncio.Future[list[int]]:
         return self._leads.submit(list(ops))
 
     async def _lead_now(self, ops: list[Op]) -> list[int]:
@@ -265,24 +304,26 @@ class Node:
         me, now = self.origin, self.clock()
         dups = self.state.seen_or_add_many(ops, 0, 2)
         apply_local = self.state.shards.apply_local
-        targets_of = self._targets_of
-        inflight = self._inflight
+        targets_of = self.targets_of
+        inflight, pending = self._inflight, self.state.pending
         statuses: list[int] = []
         records: list[LogRecord] = []
         groups: dict[tuple[str, ...], list[list[Any]]] = {}
         dup_waits: list[tuple[int, asyncio.Future[bool]]] = []
         for (table, key, op_id, delta, _attempt), dup in zip(ops, dups, strict=True):
             if dup:
-                pending = inflight.get(op_id)
-                if pending is not None:
-                    dup_waits.append((len(statuses), pending))
+                wait = inflight.get(op_id)
+                if wait is None and op_id in pending:  # in doubt here: settle it first
+                    wait = asyncio.ensure_future(recovery.settle_one(self, pending[op_id]))
+                if wait is not None:
+                    dup_waits.append((len(statuses), wait))
                 statuses.append(_DUPLICATE)
                 continue
             p, n = apply_local(table, key, delta)
             statuses.append(_APPLIED)
             records.append(make_record(APPLY, op_id, table, key, delta, me, p, n, now))
             targets = targets_of(table, key)
-            item = [op_id, table, key, me, p, n, delta, now]
+            item = pending[op_id] = [op_id, table, key, me, p, n, delta, now]
             group = groups.get(targets)
             if group is None:
                 groups[targets] = [item]
@@ -291,7 +332,7 @@ class Node:
         self.metrics.duplicates += len(ops) - len(records)
         return statuses, records, groups, dup_waits
 
-    def _targets_of(self, table: str, key: str) -> tuple[str, ...]:
+    def targets_of(self, table: str, key: str) -> tuple[str, ...]:
         """The key's replicas other than this node (cached per preference list)."""
         if self._everyone_else is not None:
             return self._everyone_else
@@ -309,6 +350,8 @@ class Node:
         Synchronous on purpose: the ids are registered as in flight before anything else can
         run, so a duplicate arriving meanwhile waits for this outcome."""
         remote = [self.links[t].call(Kind.REPLICATE, items) for t in targets]
+        for t, fut in zip(targets, remote, strict=True):
+            fut.add_done_callback(functools.partial(self._hint_on_failure, t, items))
         self.metrics.replicated_out += len(items) * len(targets)
         timeout = self.config.quorum_timeout
         others = quorum_future(remote, self.config.quorum - 1, timeout)
@@ -317,13 +360,40 @@ class Node:
         for op in items:
             inflight[op[0]] = done
 
-        def forget(_: asyncio.Future[bool]) -> None:
+        def forget(f: asyncio.Future[bool]) -> None:
             for op in items:
                 if inflight.get(op[0]) is done:
                     del inflight[op[0]]
+            if f.result():
+                pending = self.state.pending
+                for op in items:
+                    pending.pop(op[0], None)
+                self.published(items)
 
         done.add_done_callback(forget)
         return done
+
+    def _hint_on_failure(self, target: str, items: list[list[Any]],
+                         fut: asyncio.Future[Any]) -> None:
+        if not fut.cancelled() and fut.exception() is not None:
+            self.hints.add(target, items)
+
+    def published(self, items: list[list[Any]]) -> None:
+        """PUBLISHED records for ops now on a quorum; appended without waiting: a record lost
+        in a crash only makes recovery ask the replicas about one more op."""
+        try:
+            fut = self.log.append_nowait([
+                make_record(PUBLISHED, op_id, table, key, 0, origin, p, n, ts)
+                for op_id, table, key, origin, p, n, _delta, ts in items])
+        except Exception as exc:  # noqa: BLE001 - a closed log: recovery asks instead
+            log.debug("PUBLISHED records not written: %r", exc)
+            return
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    def learn(self, table: str, key: str, op_id: str, entry: CounterEntry) -> None:
+        """A replica holds ``op_id``: remember it and merge the key's entry (logged)."""
+        self.state.dedup(table).seen_or_add(op_id.encode())
+        self.on_repair([[table, key, entry.to_wire()]], op_id)
 
     def _settle_failures(self, ops: Sequence[Op], statuses: list[int],
                          ok_by_group: dict[tuple[str, ...], bool]) -> None:
@@ -338,7 +408,7 @@ class Node:
 
     def _group_ids(self, targets: tuple[str, ...], ops: Sequence[Op]) -> Iterable[str]:
         for table, key, op_id, _, _ in ops:
-            if self._targets_of(table, key) == targets:
+            if self.targets_of(table, key) == targets:
                 yield op_id
 
     # -- replica ---------------------------------------------------------------------------
@@ -355,14 +425,14 @@ class Node:
         self.metrics.replicated_in += len(items)
         return self.log.append_nowait(records)
 
-    def on_repair(self, items: list[list[Any]]) -> asyncio.Future[None]:
+    def on_repair(self, items: list[list[Any]], op_id: str = "") -> asyncio.Future[None]:
         records = []
         now = self.clock()
         merge = self.state.shards.merge_pair
         for table, key, wire_entry in items:
             for origin, (p, n) in CounterEntry.from_wire(wire_entry).pairs.items():
                 if merge(table, key, origin, p, n):
-                    records.append(LogRecord(REPLICA, "", table, key, 0, origin, p, n, now))
+                    records.append(LogRecord(REPLICA, op_id, table, key, 0, origin, p, n, now))
         self.metrics.repairs_in += len(records)
         return self.log.append_nowait(records)
 
@@ -380,6 +450,16 @@ class Node:
             return self.on_read(body)
         if kind == Kind.REPAIR:
             return self.on_repair(body)
+        if kind == Kind.PING:
+            return [{"ready": self.ready}] * len(body)
+        if kind == Kind.HOLDS:
+            return recovery.on_holds(self, body)
+        if kind == Kind.DIGEST:
+            return [antientropy.on_digest(self, peer_id, b) for b in body]
+        if kind == Kind.ENTRIES:
+            return [antientropy.on_entries(self, peer_id, b) for b in body]
+        if kind == Kind.DEDUP:
+            return [antientropy.on_dedup(self, b) for b in body]
         raise ValueError(f"unknown peer frame kind {kind}")
 
     # -- reads -----------------------------------------------------------------------------

@@ -137,6 +137,9 @@ class PeerLink:
         self._inflight: dict[int, tuple[list[Waiter], float, int]] = {}
         self._ids = itertools.count(1)
         self._closed = False
+        # Test hook: ``fault(kind, items)`` returning True fails the call as if the peer were
+        # unreachable (deterministic interleavings in tests/test_fault_*.py).
+        self.fault: Callable[[int, list[Any]], bool] | None = None
         self.frames_sent = 0
         self.items_sent = 0
         self.bytes_sent = 0
@@ -155,18 +158,23 @@ class PeerLink:
     def inflight(self) -> int:
         return len(self._inflight) + sum(len(b.items) for b in self._pending.values())
 
-    def call(self, kind: int, items: list[Any]) -> asyncio.Future[Any]:
-        """Queue ``items`` for the next frame of ``kind``; the future gets this call's replies."""
+    def call(self, kind: int, items: list[Any], *, probe: bool = False) -> asyncio.Future[Any]:
+        """Queue ``items`` for the next frame of ``kind``; the future gets this call's replies.
+        A ``probe`` (heartbeat) always tries to connect and never marks the peer as failed, so
+        a peer that comes back is reached by the next probe, not after a back-off."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         if self._closed:
             fut.set_exception(PeerError(f"link to {self.peer_id} is closed"))
             return fut
+        if self.fault is not None and self.fault(kind, items):
+            fut.set_exception(PeerError(f"fault hook dropped a {kind} call to {self.peer_id}"))
+            return fut
         if self._proto is None:
-            if not self.maybe_live() and self._connecting is None:
+            if not probe and not self.maybe_live() and self._connecting is None:
                 fut.set_exception(PeerError(f"peer {self.peer_id} is unreachable"))
                 return fut
-            self._ensure_connecting()
+            self._ensure_connecting(record_failure=not probe)
         batch = self._pending.get(kind)
         if batch is None:
             batch = self._pending[kind] = _Batch()
@@ -222,6 +230,10 @@ class PeerLink:
         for start, count, fut in waiters:
             if not fut.done():
                 fut.set_result(body[start : start + count] if sliced else body)
+
+    def forget_failure(self) -> None:
+        """Let the next call try to connect again at once (a peer that was still starting)."""
+        self._last_failure = 0.0
 
     def connect_soon(self) -> None:
         """Start connecting now, so the first op does not pay for the handshake. A failure

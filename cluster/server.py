@@ -14,11 +14,14 @@ from typing import Any, TextIO
 
 from aiohttp import web
 
+from cluster.antientropy import antientropy_loop
 from cluster.config import NodeConfig
 from cluster.errors import ClusterError
+from cluster.failure import heartbeat_loop
 from cluster.http_api import make_app
 from cluster.node import Node
 from cluster.peer import PortMux, close_all
+from cluster.recovery import settle_loop
 
 log = logging.getLogger("cluster.server")
 
@@ -68,11 +71,30 @@ class NodeServer:
         gc.set_threshold(int(os.environ.get("IDC_GC_THRESHOLD", "20000")), 20, 100)
         for link in self.node.links.values():
             link.connect_soon()
-        self._tasks = [asyncio.create_task(self._snapshot_loop(), name="snapshots"),
-                       asyncio.create_task(self._sweep_loop(), name="sweep")]
+        node, cfg = self.node, self.config
+        node.use_detector()
+        self._tasks = [
+            asyncio.create_task(heartbeat_loop(node, node.detector, cfg.heartbeat_interval),
+                                name="heartbeats")]
+        # Settle in-doubt ops and pull the replicas' state before serving; replicas that do
+        # not answer in time are caught up later (the in-doubt ops stay pending meanwhile).
+        try:
+            await asyncio.wait_for(node.prepare(), cfg.reconcile_timeout)
+        except TimeoutError:
+            log.warning("recovery exchange not finished in %ss; serving, in-doubt ops: %d",
+                        cfg.reconcile_timeout, len(node.pending))
+        node.ready = True
+        for link in node.links.values():
+            link.forget_failure()
+        self._tasks += [
+            asyncio.create_task(self._snapshot_loop(), name="snapshots"),
+            asyncio.create_task(self._sweep_loop(), name="sweep"),
+            asyncio.create_task(settle_loop(node, cfg.quorum_timeout), name="in-doubt"),
+            asyncio.create_task(antientropy_loop(node, cfg.antientropy_interval),
+                                name="anti-entropy")]
         log.info("node ready", extra={"fields": {
             "node": self.node.id, "address": f"{host}:{sockname[1]}", "replayed": replayed,
-            "counters": self.node.state.shards.keys,
+            "counters": self.node.state.shards.keys, "in_doubt": len(node.pending),
             "recovery_s": round(time.monotonic() - started, 3)}})
         if self.ready_stream is not None:
             self.ready_stream.write(f"READY {self.node.id} {host}:{sockname[1]}\n")

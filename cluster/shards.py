@@ -202,6 +202,9 @@ class ShardStore:
     def tables(self) -> Iterator[str]:
         return iter(self._tables)
 
+    def keys_of(self, table: str) -> Iterator[str]:
+        return iter(self._tables.get(table, {}))
+
     def to_bytes(self) -> bytes:
         return msgpack.packb({"own": self.own, "origins": self._origins, "tables": self._tables})
 

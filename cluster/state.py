@@ -45,6 +45,9 @@ class NodeState:
         self.clock = clock
         self.shards = ShardStore(config.node_id)
         self.dedups: dict[str, Any] = {}
+        # In-doubt ops: applied here as leader, not yet known to be on a quorum.
+        # op id -> [op_id, table, key, origin, p, n, delta, ts] (the REPLICATE item)
+        self.pending: dict[str, list[Any]] = {}
 
     def set_origin(self, origin: str) -> None:
         """The origin id this node raises from now on (a fresh incarnation)."""
@@ -103,6 +106,7 @@ class NodeState:
             "node": self.config.node_id,
             "shards": self.shards.to_bytes(),
             "dedup": {table: d.to_bytes() for table, d in self.dedups.items()},
+            "in_doubt": list(self.pending.values()),  # their APPLY records go with the segments
         })
 
     def load_blob(self, blob: bytes) -> None:
@@ -112,6 +116,7 @@ class NodeState:
         self.shards = ShardStore.from_bytes(data["shards"], self.shards.own)
         load = _dedup_module().load_dedup
         self.dedups = {table: load(raw, clock=self.clock) for table, raw in data["dedup"].items()}
+        self.pending = {item[0]: list(item) for item in data.get("in_doubt", [])}
 
     def dedup_bytes(self) -> int:
         return sum(int(d.nbytes()) for d in self.dedups.values())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Any
 
 import msgpack
@@ -54,7 +55,7 @@ def _int_field(op: dict[str, Any], name: str, where: str, default: int, lo: int)
 
 
 def check_op(op: Any, table: str, key: str, *, max_op_id_bytes: int,
-             where: str = "") -> CheckedOp:
+             where: str = "", max_clock_skew_ms: int = 1000) -> CheckedOp:
     """One op's fields (``table`` and ``key`` already checked); raises ``BadRequest``."""
     if not isinstance(op, dict):
         raise BadRequest(f"{where or 'body'}: must be an object", code="bad_body")
@@ -69,10 +70,14 @@ def check_op(op: Any, table: str, key: str, *, max_op_id_bytes: int,
                          code="bad_delta")
     attempt = _int_field(op, "attempt", where, 1, 1) if "attempt" in op else 1
     age_ms = _int_field(op, "age_ms", where, 0, 0) if "age_ms" in op else 0
+    if "ts_ms" in op:  # absolute client time: a copy replayed late by the network is refused
+        ts_ms = _int_field(op, "ts_ms", where, 0, 0)
+        age_ms = max(age_ms, int(time.time() * 1000) - ts_ms - max_clock_skew_ms)
     return table, key, op_id, delta, attempt, age_ms
 
 
-def check_batch(body: Any, *, max_ops: int, max_op_id_bytes: int) -> list[CheckedOp]:
+def check_batch(body: Any, *, max_ops: int, max_op_id_bytes: int,
+                max_clock_skew_ms: int = 1000) -> list[CheckedOp]:
     if not isinstance(body, dict) or not isinstance(body.get("ops"), list):
         raise BadRequest('body: must be {"ops": [...]}', code="bad_body")
     ops = body["ops"]
@@ -91,11 +96,11 @@ def check_batch(body: Any, *, max_ops: int, max_op_id_bytes: int) -> list[Checke
                     and type(delta) is int and INT64_MIN <= delta <= INT64_MAX):
                 out.append((table, key, op_id, delta, 1, 0))
                 continue
-        out.append(_check_batch_op(op, len(out), max_op_id_bytes))
+        out.append(_check_batch_op(op, len(out), max_op_id_bytes, max_clock_skew_ms))
     return out
 
 
-def _check_batch_op(op: Any, i: int, max_op_id_bytes: int) -> CheckedOp:
+def _check_batch_op(op: Any, i: int, max_op_id_bytes: int, skew_ms: int) -> CheckedOp:
     where = f"ops[{i}]."
     if not isinstance(op, dict):
         raise BadRequest(f"ops[{i}]: must be an object", code="bad_body")
@@ -104,7 +109,8 @@ def _check_batch_op(op: Any, i: int, max_op_id_bytes: int) -> CheckedOp:
         raise _bad(where, "table")
     if not isinstance(key, str) or not _ok_name(key):
         raise _bad(where, "key")
-    return check_op(op, table, key, max_op_id_bytes=max_op_id_bytes, where=where)
+    return check_op(op, table, key, max_op_id_bytes=max_op_id_bytes, where=where,
+                    max_clock_skew_ms=skew_ms)
 
 
 _known_names: set[str] = set()  # names already checked: a set lookup beats the regex

@@ -32,6 +32,11 @@ class Kind(IntEnum):
     REPLICATE = 2  # body: [[op_id, table, key, origin, p, n, delta, ts], ...] -> None once durable
     READ = 3  # body: [[table, key], ...] -> [{origin: [p, n]}, ...]
     REPAIR = 4  # body: [[table, key, {origin: [p, n]}], ...] -> None once durable
+    PING = 5  # body: {"ready": bool} -> {"ready": bool} (heartbeat, cluster/failure.py)
+    HOLDS = 6  # body: [[table, key, op_id], ...] -> [[held, {origin: [p, n]}], ...]
+    DIGEST = 7  # body: {"buckets": n, "digests": {table: [int, ...]}} -> the same, ours
+    ENTRIES = 8  # body: {"buckets": n, "want": {table: [bucket, ...]}} -> [[table, key, entry]]
+    DEDUP = 9  # body: [table, ...] -> {table: dedup.to_bytes()}
     REPLY = 100
     ERROR = 101
 

@@ -1,0 +1,70 @@
+"""Small pieces the write path shares: the durable incarnation counter and quorum waits."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def next_incarnation(data_dir: Path) -> int:
+    """Read, bump and durably store this data directory's incarnation number."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / "incarnation"
+    try:
+        current = int(path.read_text().strip() or 0)
+    except FileNotFoundError:
+        current = 0
+    tmp = data_dir / "incarnation.tmp"
+    with open(tmp, "w") as f:
+        f.write(f"{current + 1}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(data_dir, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return current + 1
+
+
+def quorum_future(futures: Sequence[asyncio.Future[Any]], need: int,
+                  timeout: float) -> asyncio.Future[bool]:
+    """Resolves True once ``need`` of ``futures`` succeed (a result other than False), False
+    when that became impossible or ``timeout`` passed. Callbacks, not ``asyncio.wait``: no task
+    per wait on the hot path."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[bool] = loop.create_future()
+    if need <= 0:
+        done.set_result(True)
+        return done
+    state = [0, 0]  # successes, failures
+    total = len(futures)
+
+    def on_done(f: asyncio.Future[Any]) -> None:
+        if done.done():
+            if not f.cancelled():
+                f.exception()  # consume it: a late failure is expected, not an error
+            return
+        if f.cancelled() or f.exception() is not None or f.result() is False:
+            state[1] += 1
+        else:
+            state[0] += 1
+        if state[0] >= need:
+            done.set_result(True)
+            timer.cancel()
+        elif state[1] > total - need:
+            done.set_result(False)
+            timer.cancel()
+
+    def on_timeout() -> None:
+        if not done.done():
+            done.set_result(False)
+
+    timer = loop.call_later(timeout, on_timeout)
+    for f in futures:
+        f.add_done_callback(on_done)
+    return done
