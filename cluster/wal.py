@@ -216,12 +216,20 @@ def _encode_columns(columns: Sequence[Any], pack: Callable[[Any], bytes]) -> byt
     if not isinstance(op_ids, _COLUMN_TYPES):
         raise ValueError("op_id must be a sequence, one per record")
     count = len(op_ids)
-    for i, col in enumerate(columns):
-        if isinstance(col, _COLUMN_TYPES) and len(col) != count:
-            raise ValueError(f"column {_FIELDS[i]} has {len(col)} values for {count} records")
+    is_col = []
+    for col in columns:
+        t = type(col)
+        if t is list or t is tuple or isinstance(col, _COLUMN_TYPES):
+            if len(col) != count:
+                raise ValueError(f"a column has {len(col)} values for {count} records")
+            is_col.append(True)
+        else:
+            is_col.append(False)
     if count < _COLUMNAR_MIN:  # v1 is cheaper for very few records (measured)
-        cols = [c if isinstance(c, _COLUMN_TYPES) else (c,) * count for c in columns]
-        return _encode([_make_record(row) for row in zip(*cols, strict=True)], pack)
+        pairs = list(zip(columns, is_col, strict=True))
+        return _encode(
+            [_make_record([c[i] if col else c for c, col in pairs]) for i in range(count)], pack
+        )
     _check_range(columns[_DELTA], _I64_MIN, _I64_MAX, "delta", op_ids)
     _check_range(columns[_P], 0, _U64_MAX, "p", op_ids)
     _check_range(columns[_N], 0, _U64_MAX, "n", op_ids)
