@@ -1,0 +1,238 @@
+"""The hard cases of DESIGN.md forced deterministically: three nodes in one event loop, faults
+injected by the peer transport's hook (``PeerLink.fault``), "crash" = abort without flushing.
+
+In every case: no acknowledged op lost, nothing counted twice, all replicas equal after healing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cluster_util import Client
+
+from cluster.config import NodeConfig, from_mapping
+from cluster.local import free_ports
+from cluster.ring import Ring
+from cluster.server import NodeServer
+from cluster.wire import Kind
+
+pytestmark = pytest.mark.timeout(60)
+
+RING = Ring(["n1", "n2", "n3"])
+
+
+def key_with(prefs: tuple[str, ...], table: str = "t") -> str:
+    return next(f"k{i}" for i in range(10_000)
+                if RING.preference_list(table, f"k{i}") == prefs)
+
+
+def configs(tmp: Path, **extra: object) -> list[NodeConfig]:
+    ports = free_ports(3)
+    peers = ",".join(f"n{i + 1}=127.0.0.1:{p}" for i, p in enumerate(ports))
+    base = {"fsync": False, "quorum_timeout": 0.5, "heartbeat_interval": 0.05,
+            "failure_timeout": 0.4, "reconcile_timeout": 3.0, "antientropy_interval": 0.5}
+    return [from_mapping({"node_id": f"n{i + 1}", "listen": f"127.0.0.1:{p}", "peers": peers,
+                          "data_dir": str(tmp / f"n{i + 1}"), **base, **extra})
+            for i, p in enumerate(ports)]
+
+
+class Cluster:
+    def __init__(self, cfgs: list[NodeConfig]) -> None:
+        self.cfgs = cfgs
+        self.servers: dict[str, NodeServer] = {}
+
+    async def start(self, name: str) -> NodeServer:
+        cfg = next(c for c in self.cfgs if c.node_id == name)
+        server = self.servers[name] = NodeServer(cfg)
+        await server.start()
+        return server
+
+    def crash(self, name: str) -> None:
+        self.servers.pop(name).abort()
+
+    def url(self, name: str) -> str:
+        addr = self.servers[name].address
+        assert addr is not None
+        return f"http://{addr[0]}:{addr[1]}"
+
+    def fault(self, src: str, dst: str, kinds: set[int] | None = None) -> None:
+        """Drop every call of ``kinds`` (all when None) from ``src`` to ``dst``."""
+        self.servers[src].node.links[dst].fault = (
+            lambda kind, _items: kinds is None or kind in kinds)
+
+    def heal(self) -> None:
+        for s in self.servers.values():
+            for link in s.node.links.values():
+                link.fault = None
+
+
+@contextlib.asynccontextmanager
+async def cluster(tmp: Path, **extra: object) -> AsyncIterator[Cluster]:
+    c = Cluster(configs(tmp, **extra))
+    try:
+        await asyncio.gather(*(c.start(n) for n in ("n1", "n2", "n3")))
+        yield c
+    finally:
+        for s in list(c.servers.values()):
+            with contextlib.suppress(Exception):
+                await s.stop()
+
+
+async def until(cond: Any, timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not await cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def converged(c: Cluster, client: Client, key: str, value: int,
+                    table: str = "t", timeout: float = 10.0) -> None:
+    async def ok() -> bool:
+        vals = [await client.value(c.url(n), table, key, "one") for n in c.servers]
+        return vals == [value] * len(vals)
+
+    await until(ok, timeout, f"every replica of {table}/{key} at {value}")
+
+
+async def sees_down(c: Cluster, observer: str, peer: str) -> None:
+    async def down() -> bool:
+        return not c.servers[observer].node.is_live(peer)
+
+    await until(down, 5.0, f"{observer} to see {peer} down")
+
+
+async def test_crash_after_local_apply_before_replication_then_retry_elsewhere(
+        tmp_path: Path) -> None:
+    key = key_with(("n1", "n2", "n3"))
+    client = Client()
+    try:
+        async with cluster(tmp_path) as c:
+            c.fault("n1", "n2", {Kind.REPLICATE})
+            c.fault("n1", "n3", {Kind.REPLICATE})
+            status, _ = await client.add(c.url("n1"), "t", key, "c1:1", 5)
+            assert status == 503  # applied and logged on n1 only
+            assert c.servers["n1"].node.pending  # in doubt
+            c.crash("n1")
+            await sees_down(c, "n2", "n1")
+            status, body = await client.add(c.url("n3"), "t", key, "c1:1", 5, attempt=2)
+            assert (status, body) == (200, {"applied": True})  # n2 leads, n3 confirmed unknown
+            await c.start("n1")  # recovery finds c1:1 in doubt; n2 applied it: withdraw
+            n1 = c.servers["n1"].node
+            assert not n1.pending and n1.metrics.withdrawn == 1
+            await converged(c, client, key, 5)
+            for n in ("n1", "n2", "n3"):
+                assert (await client.add(c.url(n), "t", key, "c1:1", 5, attempt=3))[1] == {
+                    "applied": False, "duplicate": True}
+            await converged(c, client, key, 5)
+    finally:
+        await client.close()
+
+
+async def test_crash_after_partial_replication_then_retry(tmp_path: Path) -> None:
+    key = key_with(("n1", "n2", "n3"))
+    client = Client()
+    try:
+        async with cluster(tmp_path, write_quorum=3) as c:
+            c.fault("n1", "n2", {Kind.REPLICATE})  # only n3 gets it: no quorum of 3
+            status, _ = await client.add(c.url("n1"), "t", key, "c2:1", 7)
+            assert status == 503
+            c.crash("n1")
+            await sees_down(c, "n2", "n1")
+            # n2 leads now; it never saw the op but n3 holds it: duplicate, never a 2nd count
+            status, body = await client.add(c.url("n2"), "t", key, "c2:1", 7, attempt=2)
+            assert (status, body) == (200, {"applied": False, "duplicate": True})
+            await c.start("n1")  # in doubt, but nobody else applied it: published
+            assert not c.servers["n1"].node.pending
+            assert c.servers["n1"].node.metrics.withdrawn == 0
+            await converged(c, client, key, 7)
+    finally:
+        await client.close()
+
+
+async def test_replica_down_during_writes_converges_and_recognises_retries(
+        tmp_path: Path) -> None:
+    key = key_with(("n3", "n1", "n2"))  # n3 leads it when up
+    client = Client()
+    try:
+        async with cluster(tmp_path) as c:
+            c.crash("n3")
+            await sees_down(c, "n1", "n3")
+            for i in range(20):
+                status, body = await client.add(c.url("n1"), "t", key, f"c3:{i}", 1)
+                assert (status, body) == (200, {"applied": True})
+            assert c.servers["n1"].node.hints.pending("n3") > 0
+            await c.start("n3")
+            await converged(c, client, key, 20)
+            # a late copy of an op applied while n3 was away reaches n3, its leader again
+            for i in range(20):
+                status, body = await client.add(c.url("n3"), "t", key, f"c3:{i}", 1)
+                assert (status, body) == (200, {"applied": False, "duplicate": True}), i
+            await converged(c, client, key, 20)
+    finally:
+        await client.close()
+
+
+async def test_partition_of_one_node_under_load_then_healed(tmp_path: Path) -> None:
+    keys = [key_with(p) for p in (("n1", "n2", "n3"), ("n2", "n3", "n1"), ("n3", "n1", "n2"))]
+    client = Client()
+    rng = random.Random(4)
+    total = {k: 0 for k in keys}
+    try:
+        async with cluster(tmp_path) as c:
+            names = ["n1", "n2", "n3"]
+
+            async def op(i: int) -> None:
+                key, delta = keys[i % 3], rng.randint(1, 9)
+                attempt = 0
+                while True:  # retry with the same id until acknowledged
+                    attempt += 1
+                    status, _ = await client.add(c.url(rng.choice(names)), "t", key,
+                                                 f"c4:{i}", delta, attempt=attempt)
+                    if status == 200:
+                        total[key] += delta
+                        return
+                    await asyncio.sleep(0.05)
+
+            first = asyncio.gather(*(op(i) for i in range(60)))
+            await asyncio.sleep(0.1)
+            for other in ("n2", "n3"):  # isolate n1 both ways
+                c.fault("n1", other)
+                c.fault(other, "n1")
+            await sees_down(c, "n2", "n1")
+            await asyncio.gather(first, *(op(i) for i in range(60, 120)))
+            c.heal()
+            await asyncio.gather(*(op(i) for i in range(120, 150)))
+            for key in keys:
+                await converged(c, client, key, total[key], timeout=15)
+            assert not any(s.node.pending for s in c.servers.values())
+    finally:
+        await client.close()
+
+
+async def test_retry_past_the_window_is_op_expired_never_a_second_count(tmp_path: Path) -> None:
+    client = Client()
+    try:
+        async with cluster(tmp_path, window=2.0) as c:
+            status, health = await client.get(c.url("n2") + "/v1/health")
+            assert health["window_s"] == 2.0
+            assert (await client.add(c.url("n1"), "t", "late", "c5:1", 3))[0] == 200
+            status, body = await client.add(c.url("n2"), "t", "late", "c5:1", 3, attempt=2,
+                                            age_ms=2500)
+            assert status == 410 and body["error"]["code"] == "op_expired"
+            old = int(time.time() * 1000) - 4000  # replayed late, with its original age
+            status, body = await client.add(c.url("n3"), "t", "late", "c5:1", 3, age_ms=0,
+                                            ts_ms=old)
+            assert status == 410
+            status, body = await client.batch(c.url("n3"), [
+                {"table": "t", "key": "late", "op_id": "c5:1", "delta": 3, "age_ms": 9000}])
+            assert body["results"][0]["status"] == 410
+            await converged(c, client, "late", 3)
+    finally:
+        await client.close()
