@@ -145,6 +145,8 @@ class Node:
                                       rec.delta, rec.ts]
             elif kind in (PUBLISHED, WITHDRAW):
                 pending.pop(rec.op_id, None)
+                if kind == WITHDRAW:
+                    self.state.withdrawn[rec.op_id] = rec.ts
         self.metrics.replayed = count
         return count
 

@@ -41,7 +41,8 @@ PUBLISHED, WITHDRAW, APPLY = (int(RecordKind.PUBLISHED), int(RecordKind.WITHDRAW
                               int(RecordKind.APPLY))
 _APPLIED, _DUPLICATE, _UNAVAILABLE = (int(Status.APPLIED), int(Status.DUPLICATE),
                                       int(Status.UNAVAILABLE))
-HELD, IN_DOUBT = 1, 2  # HOLDS answers: in the dedup; applied there and not yet on a quorum
+# HOLDS answers: in the dedup; applied there and not yet on a quorum; applied there and withdrawn
+HELD, IN_DOUBT, WITHDRAWN = 1, 2, 3
 MAX_CHECKED = 1_000_000  # exact ids applied through the check, kept for the window
 
 
@@ -99,7 +100,7 @@ def on_holds(node: Node, items: list[list[Any]]) -> list[list[Any]]:
     out = []
     pending = node.pending
     for table, key, op_id in items:
-        held = (IN_DOUBT if op_id in pending
+        held = (IN_DOUBT if op_id in pending else WITHDRAWN if op_id in node.state.withdrawn
                 else HELD if op_id.encode() in node.state.dedup(table) else 0)
         out.append([held, op_id in node.checked, node.state.shards.entry(table, key).to_wire()])
     return out
@@ -174,10 +175,13 @@ async def settle_one(node: Node, item: list[Any]) -> bool:
     answered, answers = await ask_holds(node, table, key, op_id)
     if op_id not in node.pending:
         return True
-    # Another leader applied it: it holds it in doubt too, or applied it after a check, or
-    # holds the id without our pair (our replication never reached it).
-    other = any(held == IN_DOUBT or (held == HELD and (checked or not _covers(entry, item)))
-                for _, held, checked, entry in answers)
+    # Another leader applied it: it applied it after a check, or holds the id without our pair
+    # (our replication never reached it), or holds it in doubt too; then the higher node id
+    # withdraws and the lower one publishes, so exactly one application stays.
+    me = node.id
+    other = any((held == IN_DOUBT and r < me)
+                or (held == HELD and (checked or not _covers(entry, item)))
+                for r, held, checked, entry in answers)
     if other:
         await withdraw(node, item)
         return True
@@ -198,6 +202,7 @@ async def withdraw(node: Node, item: list[Any]) -> None:
     op_id, table, key, delta = item[0], item[1], item[2], item[6]
     if node.pending.pop(op_id, None) is None:
         return
+    node.state.withdrawn[op_id] = node.clock()
     p, n = node.state.shards.apply_local(table, key, -delta)
     rec = make_record(WITHDRAW, op_id, table, key, -delta, node.origin, p, n, node.clock())
     node.metrics.withdrawn += 1

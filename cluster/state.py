@@ -48,6 +48,9 @@ class NodeState:
         # In-doubt ops: applied here as leader, not yet known to be on a quorum.
         # op id -> [op_id, table, key, origin, p, n, delta, ts] (the REPLICATE item)
         self.pending: dict[str, list[Any]] = {}
+        # Ops this node applied and then withdrew (op id -> time): it does not count them, and
+        # says so when asked, so the leader whose application stands is never mistaken for it.
+        self.withdrawn: dict[str, float] = {}
 
     def set_origin(self, origin: str) -> None:
         """The origin id this node raises from now on (a fresh incarnation)."""
@@ -107,6 +110,8 @@ class NodeState:
             "shards": self.shards.to_bytes(),
             "dedup": {table: d.to_bytes() for table, d in self.dedups.items()},
             "in_doubt": list(self.pending.values()),  # their APPLY records go with the segments
+            "withdrawn": {k: t for k, t in self.withdrawn.items()
+                          if t > self.clock() - 2 * self.config.window},
         })
 
     def load_blob(self, blob: bytes) -> None:
@@ -117,6 +122,7 @@ class NodeState:
         load = _dedup_module().load_dedup
         self.dedups = {table: load(raw, clock=self.clock) for table, raw in data["dedup"].items()}
         self.pending = {item[0]: list(item) for item in data.get("in_doubt", [])}
+        self.withdrawn = dict(data.get("withdrawn", {}))
 
     def dedup_bytes(self) -> int:
         return sum(int(d.nbytes()) for d in self.dedups.values())
