@@ -84,7 +84,8 @@ class Node:
         self.ready = False  # set once in-doubt ops are settled and dedup state pulled
         self.checked = recovery.Checked(config.window, clock)
         self.hints = Hints(config.max_hints)
-        self._degraded_until = time.monotonic() + config.window
+        self._degraded_until = 0.0  # a restart sets it (recover), so does a peer gone silent
+        self._silent: set[str] = set()
         self._bg: set[asyncio.Task[Any]] = set()
 
     @property
@@ -105,9 +106,14 @@ class Node:
         return time.monotonic() < self._degraded_until
 
     def _peer_changed(self, peer: str, live: bool) -> None:
-        self._degraded_until = time.monotonic() + self.config.window
+        # A peer that said it is still recovering was not cut off: no reason to check ops.
+        if live and peer in self._silent or not live and self.detector.peers[peer].ready:
+            self._degraded_until = time.monotonic() + self.config.window
         if live:
+            self._silent.discard(peer)
             self.spawn(self._caught_up(peer))
+        elif self.detector.peers[peer].ready:
+            self._silent.add(peer)
 
     async def _caught_up(self, peer: str) -> None:
         await self.hints.deliver(self, peer)
@@ -148,6 +154,8 @@ class Node:
                 if kind == WITHDRAW:
                     self.state.withdrawn[rec.op_id] = rec.ts
         self.metrics.replayed = count
+        if count or blob is not None:  # a restart: others may have led our keys meanwhile
+            self._degraded_until = time.monotonic() + self.config.window
         return count
 
     async def prepare(self) -> None:
@@ -276,6 +284,8 @@ class Node:
             done: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
             done.set_result([_UNAVAILABLE] * len(ops))
             return done
+        if self.is_live == self.detector.is_live:
+            self.detector.check_all()  # after a pause, see the silence before leading anything
         if self.recently_degraded() or any(op[4] > 1 for op in ops):
             return asyncio.ensure_future(recovery.lead_checked(self, list(ops)))
         return self._leads.submit(list(ops))

@@ -65,15 +65,11 @@ class Checked:
 
 
 def needs_check(node: Node, op: Op) -> bool:
-    """A retry, a key this node leads only because its primary is down, or a node that saw a
-    peer down within the window (it may have been on the minority side)."""
-    if op[4] > 1:
-        return True
-    return node.recently_degraded() and node.ring.leader(op[0], op[1], _always) != node.id
-
-
-def _always(_: str) -> bool:
-    return True
+    """A retry, or any op while this node saw a peer down (or restarted) within the window: it
+    may lead a key only because the primary is down, or be a primary that was cut off or
+    paused while another replica led its keys (a copy held in its socket buffer would
+    otherwise be applied a second time)."""
+    return op[4] > 1 or node.recently_degraded()
 
 
 async def ask_holds(node: Node, table: str, key: str, op_id: str
@@ -178,9 +174,12 @@ async def settle_one(node: Node, item: list[Any]) -> bool:
     # Another leader applied it: it applied it after a check, or holds the id without our pair
     # (our replication never reached it), or holds it in doubt too; then the higher node id
     # withdraws and the lower one publishes, so exactly one application stays.
+    # A replica that withdrew its own copy deferred to another application, perhaps ours: the
+    # id it holds then says nothing about a third one.
     me = node.id
-    other = any((held == IN_DOUBT and r < me)
-                or (held == HELD and (checked or not _covers(entry, item)))
+    deferred = any(held == WITHDRAWN for _, held, _, _ in answers)
+    other = any((held == IN_DOUBT and r < me) or (held == HELD and checked)
+                or (held == HELD and not deferred and not _covers(entry, item))
                 for r, held, checked, entry in answers)
     if other:
         await withdraw(node, item)
