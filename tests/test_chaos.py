@@ -48,8 +48,6 @@ async def test_chaos_run_with_the_faults_the_node_survives(tmp_path: Path) -> No
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(strict=False, reason="issue 4: without hinted handoff / anti-entropy a "
-                                        "node killed during writes stays behind after restart")
 async def test_chaos_kill_and_restart(tmp_path: Path) -> None:
     cfg = ChaosConfig(
         workload=WorkloadConfig(clients=2, concurrency=3, rate=100, duration=12, keys=4),
