@@ -35,6 +35,7 @@ log = logging.getLogger("cluster.antientropy")
 BUCKETS = 64
 _SEED = 0x5EED_AE
 _MASK = (1 << 64) - 1
+_CHUNK = 2000
 
 
 def bucket_of(table: str, key: str) -> int:
@@ -52,10 +53,14 @@ def _shared(node: Node, peer: str) -> Any:
                 yield table, key
 
 
-def digests(node: Node, peer: str) -> dict[str, list[int]]:
+async def digests(node: Node, peer: str) -> dict[str, list[int]]:
+    """Per table, ``BUCKETS`` digests; yields to the loop every ``_CHUNK`` keys so a large
+    store does not stall the requests being served."""
     out: dict[str, list[int]] = {}
     entry = node.state.shards.entry
-    for table, key in _shared(node, peer):
+    for i, (table, key) in enumerate(_shared(node, peer)):
+        if i and i % _CHUNK == 0:
+            await asyncio.sleep(0)
         pairs = sorted(entry(table, key).pairs.items())
         if not pairs:
             continue
@@ -75,8 +80,8 @@ def entries(node: Node, peer: str, want: dict[str, list[int]]) -> list[list[Any]
             if t in sets and bucket_of(t, k) in sets[t]]
 
 
-def on_digest(node: Node, peer: str, body: dict[str, Any]) -> dict[str, Any]:
-    return {"digests": digests(node, peer)}
+async def on_digest(node: Node, peer: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"digests": await digests(node, peer)}]
 
 
 def on_entries(node: Node, peer: str, body: dict[str, Any]) -> list[list[Any]]:
@@ -88,7 +93,7 @@ async def sync_with(node: Node, peer: str) -> int:
     link = node.links[peer]
     timeout = node.config.quorum_timeout * 2
     theirs = (await asyncio.wait_for(link.call(Kind.DIGEST, [{}]), timeout))[0]["digests"]
-    mine = digests(node, peer)
+    mine = await digests(node, peer)
     want: dict[str, list[int]] = {}
     for table in set(mine) | set(theirs):
         a, b = mine.get(table, [0] * BUCKETS), theirs.get(table, [0] * BUCKETS)

@@ -106,13 +106,16 @@ class Node:
         return time.monotonic() < self._degraded_until
 
     def _peer_changed(self, peer: str, live: bool) -> None:
-        # A peer that said it is still recovering was not cut off: no reason to check ops.
-        if live and peer in self._silent or not live and self.detector.peers[peer].ready:
+        # A peer never heard from yet (still starting), or that said it is recovering, was not
+        # cut off: no reason to check ops.
+        d = self.detector.peers[peer]
+        silent = not live and d.ready and d.heard
+        if silent or live and peer in self._silent:
             self._degraded_until = time.monotonic() + self.config.window
         if live:
             self._silent.discard(peer)
             self.spawn(self._caught_up(peer))
-        elif self.detector.peers[peer].ready:
+        elif silent:
             self._silent.add(peer)
 
     async def _caught_up(self, peer: str) -> None:
@@ -467,7 +470,7 @@ class Node:
         if kind == Kind.HOLDS:
             return recovery.on_holds(self, body)
         if kind == Kind.DIGEST:
-            return [antientropy.on_digest(self, peer_id, b) for b in body]
+            return antientropy.on_digest(self, peer_id, body[0] if body else {})
         if kind == Kind.ENTRIES:
             return [antientropy.on_entries(self, peer_id, b) for b in body]
         if kind == Kind.DEDUP:
