@@ -124,10 +124,21 @@ async def sync_all(node: Node, peers: list[str] | None = None) -> None:
             log.info("anti-entropy with %s failed: %r", peer, exc)
 
 
-async def antientropy_loop(node: Node, interval: float) -> None:
+async def antientropy_loop(node: Node, interval: float, tick: float = 1.0) -> None:
+    """Every ``tick``: an exchange with each live replica that missed a write; every
+    ``interval``: with every live replica."""
+    loop = asyncio.get_running_loop()
+    last_full = loop.time()
     while True:
-        await asyncio.sleep(interval)
-        await sync_all(node)
+        await asyncio.sleep(min(tick, interval))
+        if loop.time() - last_full >= interval:
+            last_full = loop.time()
+            node.behind.clear()
+            await sync_all(node)
+        elif node.behind:
+            peers = [p for p in node.behind if node.is_live(p)]
+            node.behind.difference_update(peers)
+            await sync_all(node, peers)
 
 
 # -- dedup state -----------------------------------------------------------------------------

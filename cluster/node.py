@@ -86,6 +86,7 @@ class Node:
         self.hints = Hints(config.max_hints)
         self._degraded_until = 0.0  # a restart sets it (recover), so does a peer gone silent
         self._silent: set[str] = set()
+        self.behind: set[str] = set()  # replicas that missed a write: anti-entropy them soon
         self._bg: set[asyncio.Task[Any]] = set()
 
     @property
@@ -369,6 +370,8 @@ class Node:
             fut.add_done_callback(functools.partial(self._hint_on_failure, t, items))
         self.metrics.replicated_out += len(items) * len(targets)
         timeout = self.config.quorum_timeout
+        every = quorum_future(remote, len(remote), timeout)
+        every.add_done_callback(functools.partial(self._mark_behind, targets, remote))
         others = quorum_future(remote, self.config.quorum - 1, timeout)
         done = quorum_future([own, others], 2, timeout)
         inflight = self._inflight
@@ -387,6 +390,15 @@ class Node:
 
         done.add_done_callback(forget)
         return done
+
+    def _mark_behind(self, targets: tuple[str, ...], remote: list[asyncio.Future[Any]],
+                     all_acked: asyncio.Future[bool]) -> None:
+        """A replica that did not ack in time (a lost frame leaves no error to hint on) gets
+        an anti-entropy exchange at the next tick."""
+        if not all_acked.result():
+            for t, f in zip(targets, remote, strict=True):
+                if not f.done() or f.cancelled() or f.exception() is not None:
+                    self.behind.add(t)
 
     def _hint_on_failure(self, target: str, items: list[list[Any]],
                          fut: asyncio.Future[Any]) -> None:
