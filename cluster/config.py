@@ -32,7 +32,7 @@ Every field, its default and its constraint (durations are float seconds):
     phi_threshold = 8.0       phi-accrual suspicion level above which a peer counts as down
     failure_timeout = 1.0     a peer silent this long is down whatever phi says (also the
                               floor of the detector's expected interval); > heartbeat_interval
-    antientropy_interval = 30.0  seconds between digest exchanges with each live replica
+    antientropy_interval = 5.0   seconds between digest exchanges with each live replica
                               (also run at start and whenever a peer comes back)
     max_hints = 100000        writes kept per down replica for hinted handoff (oldest dropped;
                               anti-entropy repairs whatever a full queue dropped)
@@ -127,7 +127,7 @@ class NodeConfig:
     heartbeat_interval: float = 0.2
     phi_threshold: float = 8.0
     failure_timeout: float = 1.0
-    antientropy_interval: float = 30.0
+    antientropy_interval: float = 5.0
     max_hints: int = 100_000
     reconcile_timeout: float = 5.0
     max_clock_skew: float = 1.0
