@@ -66,7 +66,11 @@ class PendingOp:
         out = {"table": self.table, "key": self.key, "op_id": self.op_id, "delta": self.delta,
                "attempt": self.attempts}
         if send_age:
-            out["age_ms"] = int((now - self.created) * 1000)
+            age_ms = int((now - self.created) * 1000)
+            out["age_ms"] = age_ms
+            # the creation instant on the wall clock: a copy the network delivers late (or that
+            # waits in a paused node's socket) is seen as old by the node, whatever age_ms says
+            out["ts_ms"] = int(time.time() * 1000) - age_ms
         return out
 
     def finish(self, result: AddResult | BaseException) -> None:

@@ -70,6 +70,12 @@ async def _read_body(request: web.Request) -> Any:
     return decode_body(raw, request.headers.get("Content-Type", ""))
 
 
+def _stale_after_ms(node: Node) -> int:
+    """Half the time it takes to declare a leader down: an op older than this may have been
+    retried at a replica that took over, so it is checked there first (cluster.validate)."""
+    return int(node.config.failure_timeout * 500)
+
+
 def _expired(node: Node, op: CheckedOp) -> bool:
     """Older than the table's window; a strategy with no window (``none``) never refuses."""
     if op[5] <= 0:
@@ -84,7 +90,8 @@ async def post_counter(request: web.Request) -> web.Response:
     key = check_name(request.match_info["key"], "key")
     op = check_op(await _read_body(request), table, key,
                   max_op_id_bytes=node.config.max_op_id_bytes,
-                  max_clock_skew_ms=int(node.config.max_clock_skew * 1000))
+                  max_clock_skew_ms=int(node.config.max_clock_skew * 1000),
+                  stale_after_ms=_stale_after_ms(node))
     if _expired(node, op):
         node.metrics.expired += 1
         raise OpExpired(f"op is {op[5]} ms old; this node recognises retries for "
@@ -102,7 +109,8 @@ async def post_batch(request: web.Request) -> web.Response:
     cfg = node.config
     ops = check_batch(await _read_body(request), max_ops=cfg.max_batch_ops,
                       max_op_id_bytes=cfg.max_op_id_bytes,
-                      max_clock_skew_ms=int(cfg.max_clock_skew * 1000))
+                      max_clock_skew_ms=int(cfg.max_clock_skew * 1000),
+                      stale_after_ms=_stale_after_ms(node))
     statuses = [_EXPIRED] * len(ops)
     live = [i for i, op in enumerate(ops) if not _expired(node, op)]
     node.metrics.expired += len(ops) - len(live)

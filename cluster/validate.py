@@ -2,8 +2,13 @@
 
 Names (tables and keys) match ``[A-Za-z0-9_.:-]{1,128}``; an op id is a non-empty string of at
 most ``max_op_id_bytes`` UTF-8 bytes; ``delta`` is an int (not a bool) in signed 64-bit range;
-``attempt`` (>= 1) and ``age_ms`` (>= 0) are optional ints. A batch is checked whole before any
-op runs; the first bad op rejects the batch with a message naming its index, ``ops[i].field``.
+``attempt`` (>= 1), ``age_ms`` (>= 0) and ``ts_ms`` (the op's creation, client wall clock) are
+optional ints. A batch is checked whole before any op runs; the first bad op rejects the batch with
+a message naming its index, ``ops[i].field``.
+
+An op that arrives older than ``stale_after_ms`` counts as a retry (``attempt`` >= 2), so its
+leader asks the other replicas before applying it: a request that sat in a paused node's socket
+buffer while another replica took over and applied a retry is caught, not counted twice.
 """
 
 from __future__ import annotations
@@ -55,7 +60,8 @@ def _int_field(op: dict[str, Any], name: str, where: str, default: int, lo: int)
 
 
 def check_op(op: Any, table: str, key: str, *, max_op_id_bytes: int,
-             where: str = "", max_clock_skew_ms: int = 1000) -> CheckedOp:
+             where: str = "", max_clock_skew_ms: int = 1000,
+             stale_after_ms: int | None = None) -> CheckedOp:
     """One op's fields (``table`` and ``key`` already checked); raises ``BadRequest``."""
     if not isinstance(op, dict):
         raise BadRequest(f"{where or 'body'}: must be an object", code="bad_body")
@@ -70,14 +76,20 @@ def check_op(op: Any, table: str, key: str, *, max_op_id_bytes: int,
                          code="bad_delta")
     attempt = _int_field(op, "attempt", where, 1, 1) if "attempt" in op else 1
     age_ms = _int_field(op, "age_ms", where, 0, 0) if "age_ms" in op else 0
+    stale_ms = age_ms
     if "ts_ms" in op:  # absolute client time: a copy replayed late by the network is refused
         ts_ms = _int_field(op, "ts_ms", where, 0, 0)
-        age_ms = max(age_ms, int(time.time() * 1000) - ts_ms - max_clock_skew_ms)
+        elapsed = int(time.time() * 1000) - ts_ms
+        age_ms = max(age_ms, elapsed - max_clock_skew_ms)  # refuse only what is surely old
+        stale_ms = max(stale_ms, elapsed)  # check on the replicas what may be old
+    if stale_after_ms is not None and stale_ms > stale_after_ms:
+        attempt = max(attempt, 2)
     return table, key, op_id, delta, attempt, age_ms
 
 
 def check_batch(body: Any, *, max_ops: int, max_op_id_bytes: int,
-                max_clock_skew_ms: int = 1000) -> list[CheckedOp]:
+                max_clock_skew_ms: int = 1000,
+                stale_after_ms: int | None = None) -> list[CheckedOp]:
     if not isinstance(body, dict) or not isinstance(body.get("ops"), list):
         raise BadRequest('body: must be {"ops": [...]}', code="bad_body")
     ops = body["ops"]
@@ -96,11 +108,13 @@ def check_batch(body: Any, *, max_ops: int, max_op_id_bytes: int,
                     and type(delta) is int and INT64_MIN <= delta <= INT64_MAX):
                 out.append((table, key, op_id, delta, 1, 0))
                 continue
-        out.append(_check_batch_op(op, len(out), max_op_id_bytes, max_clock_skew_ms))
+        out.append(_check_batch_op(op, len(out), max_op_id_bytes, max_clock_skew_ms,
+                                   stale_after_ms))
     return out
 
 
-def _check_batch_op(op: Any, i: int, max_op_id_bytes: int, skew_ms: int) -> CheckedOp:
+def _check_batch_op(op: Any, i: int, max_op_id_bytes: int, skew_ms: int,
+                    stale_after_ms: int | None) -> CheckedOp:
     where = f"ops[{i}]."
     if not isinstance(op, dict):
         raise BadRequest(f"ops[{i}]: must be an object", code="bad_body")
@@ -110,7 +124,7 @@ def _check_batch_op(op: Any, i: int, max_op_id_bytes: int, skew_ms: int) -> Chec
     if not isinstance(key, str) or not _ok_name(key):
         raise _bad(where, "key")
     return check_op(op, table, key, max_op_id_bytes=max_op_id_bytes, where=where,
-                    max_clock_skew_ms=skew_ms)
+                    max_clock_skew_ms=skew_ms, stale_after_ms=stale_after_ms)
 
 
 _known_names: set[str] = set()  # names already checked: a set lookup beats the regex

@@ -49,3 +49,21 @@ def test_multibyte_op_id_counts_bytes() -> None:
         check_batch({"ops": [op]}, max_ops=10, max_op_id_bytes=64)
     op["op_id"] = "é" * 32
     assert check_batch({"ops": [op]}, max_ops=10, max_op_id_bytes=64)[0][2] == "é" * 32
+
+
+def test_an_op_older_than_the_stale_limit_is_checked_as_a_retry() -> None:
+    """A request that waited (in a paused node's socket, in the network) past half the failure
+    timeout may have been retried at a replica that took over: it must go as a retry."""
+    import time as _time
+
+    now_ms = int(_time.time() * 1000)
+    fresh = {"op_id": "c:1", "delta": 1, "age_ms": 3, "ts_ms": now_ms - 3}
+    waited = {"op_id": "c:2", "delta": 1, "age_ms": 3, "ts_ms": now_ms - 2500}
+    kw = {"max_op_id_bytes": 256, "max_clock_skew_ms": 1000, "stale_after_ms": 500}
+    assert check_op(fresh, "t", "k", **kw)[4] == 1
+    checked = check_op(waited, "t", "k", **kw)
+    assert checked[4] == 2, "a stale first attempt must be checked on the replicas"
+    assert 1400 <= checked[5] <= 1600, "expiry still subtracts the allowed clock skew"
+    batch = check_batch({"ops": [dict(waited, table="t", key="k")]}, max_ops=10, **kw)
+    assert batch[0][4] == 2
+    assert check_op(fresh, "t", "k", max_op_id_bytes=256)[4] == 1
