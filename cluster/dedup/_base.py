@@ -54,6 +54,16 @@ class Dedup(Protocol):
         ...
 
 
+class OneByOne:
+    """``seen_or_add_many`` as a loop of ``seen_or_add``, for strategies with no batch path."""
+
+    seen_or_add: Callable[[bytes], bool]  # each strategy's own
+
+    def seen_or_add_many(self, op_ids: Sequence[bytes]) -> list[bool]:
+        seen = self.seen_or_add
+        return [seen(x) for x in op_ids]
+
+
 def design_items(window: float, rate: float) -> int:
     """Ids alive at once at the design load: ``rate`` ids/s remembered for ``window`` s."""
     return max(1, math.ceil(window * rate))

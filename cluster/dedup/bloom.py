@@ -9,11 +9,10 @@ once: a retry arriving just after a clear is applied twice, so it guarantees no 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 from cluster.bloom import BloomFilter
-from cluster.dedup._base import bloom_shape, check_version, design_items, frame
+from cluster.dedup._base import OneByOne, bloom_shape, check_version, design_items, frame
 
 
 def _fill_fpp(f: BloomFilter) -> float:
@@ -25,7 +24,7 @@ def _fill_fpp(f: BloomFilter) -> float:
     return float(f.fill() ** f.k)
 
 
-class BloomDedup:
+class BloomDedup(OneByOne):
     """Sized for rate * window ids at the target FPP, never cleared."""
 
     name: str = "bloom"
@@ -39,10 +38,6 @@ class BloomDedup:
 
     def seen_or_add(self, op_id: bytes) -> bool:
         return not self._f.add(op_id)
-
-    def seen_or_add_many(self, op_ids: Sequence[bytes]) -> list[bool]:
-        seen = self.seen_or_add
-        return [seen(x) for x in op_ids]
 
     def __contains__(self, op_id: bytes) -> bool:
         return op_id in self._f
@@ -73,7 +68,7 @@ class BloomDedup:
         return d
 
 
-class RecyclingBloomDedup:
+class RecyclingBloomDedup(OneByOne):
     """A Bloom filter cleared when it has taken ``capacity`` new ids (the authors' baseline)."""
 
     name: str = "recycling-bloom"
@@ -100,10 +95,6 @@ class RecyclingBloomDedup:
             f.add(op_id)
             self.clears += 1
         return False
-
-    def seen_or_add_many(self, op_ids: Sequence[bytes]) -> list[bool]:
-        seen = self.seen_or_add
-        return [seen(x) for x in op_ids]
 
     def __contains__(self, op_id: bytes) -> bool:
         return op_id in self._f

@@ -19,7 +19,6 @@ from __future__ import annotations
 import sys
 import time
 from array import array
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -27,6 +26,7 @@ import numpy as np
 from cluster.bloom import bloom_fpp
 from cluster.dedup._base import (
     Clock,
+    OneByOne,
     bloom_shape,
     check_version,
     design_items,
@@ -55,7 +55,7 @@ def _from_le(typecode: str, data: bytes) -> array[Any]:
     return a
 
 
-class CountingBloomDedup:
+class CountingBloomDedup(OneByOne):
     """4-bit counters plus a time-ordered queue of (time, h1, h2) that deletes expired ids."""
 
     name: str = "counting-bloom"
@@ -125,10 +125,6 @@ class CountingBloomDedup:
         self._h1.append(h1)
         self._h2.append(h2)
         return False
-
-    def seen_or_add_many(self, op_ids: Sequence[bytes]) -> list[bool]:
-        seen = self.seen_or_add
-        return [seen(x) for x in op_ids]
 
     def __contains__(self, op_id: bytes) -> bool:
         # expiring is time passing, not recording: the FBF's check rotates its filters alike

@@ -22,13 +22,12 @@ Two choices the blog leaves open:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import mmh3
 import numpy as np
 
-from cluster.dedup._base import check_version, design_items, frame, next_prime
+from cluster.dedup._base import OneByOne, check_version, design_items, frame, next_prime
 from cluster.hashing import hash_pair, positions
 
 _FP_SEED = 0xF10E
@@ -52,7 +51,7 @@ def flower_shape(t: int, target: float, max_n: int = 64) -> tuple[int, int, int]
     return best
 
 
-class FlowerDedup:
+class FlowerDedup(OneByOne):
     """s entries of b-bit fingerprints, n positions per id; ids fade as others overwrite them."""
 
     name: str = "flower"
@@ -85,10 +84,6 @@ class FlowerDedup:
             mv[q] = fp  # every sighting rewrites all n entries, as in the blog
         self.inserts += 1
         return seen
-
-    def seen_or_add_many(self, op_ids: Sequence[bytes]) -> list[bool]:
-        seen = self.seen_or_add
-        return [seen(x) for x in op_ids]
 
     def __contains__(self, op_id: bytes) -> bool:
         pos, fp = self._locate(op_id)

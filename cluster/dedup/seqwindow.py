@@ -21,10 +21,9 @@ import math
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
 from typing import Any
 
-from cluster.dedup._base import Clock, check_version, frame
+from cluster.dedup._base import Clock, OneByOne, check_version, frame
 
 
 class _Client:
@@ -44,7 +43,7 @@ def parse_op_id(op_id: bytes) -> tuple[bytes, int]:
     return client, int(seq)
 
 
-class SeqWindowDedup:
+class SeqWindowDedup(OneByOne):
     """Highest seq plus a W-bit replay bitmap per client; idle clients evicted after ``window``."""
 
     name: str = "seqwindow"
@@ -101,10 +100,6 @@ class SeqWindowDedup:
             return True
         st.bits |= bit
         return False
-
-    def seen_or_add_many(self, op_ids: Sequence[bytes]) -> list[bool]:
-        seen = self.seen_or_add
-        return [seen(x) for x in op_ids]
 
     def __contains__(self, op_id: bytes) -> bool:
         client, seq = parse_op_id(op_id)

@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from cluster.dedup._base import (
+    OneByOne,
     check_version,
     design_items,
     frame,
@@ -65,7 +65,7 @@ def _max_hits_rate(k: int, target: float, cell_max: int) -> float:
     return lo
 
 
-class StableBloomDedup:
+class StableBloomDedup(OneByOne):
     """K probes, P consecutive decrements, K cells set to Max; forgets by insertions."""
 
     name: str = "stable-bloom"
@@ -119,10 +119,6 @@ class StableBloomDedup:
             mv[q] = MAX
         self.inserts += 1
         return dup
-
-    def seen_or_add_many(self, op_ids: Sequence[bytes]) -> list[bool]:
-        seen = self.seen_or_add
-        return [seen(x) for x in op_ids]
 
     def __contains__(self, op_id: bytes) -> bool:
         mv = self._mv
