@@ -299,9 +299,8 @@ class Node:
 
     async def _lead_now(self, ops: list[Op]) -> list[int]:
         """Dedup, apply, log and replicate a batch this node leads; statuses in op order."""
-        statuses, records, groups, dup_waits = self._apply_batch(ops)
-        if records:
-            own = self.log.append_nowait(records)
+        statuses, own, groups, dup_waits = self._apply_batch(ops)
+        if own is not None:
             waits = [self._replicate(targets, items, own) for targets, items in groups.items()]
             results = await asyncio.gather(*waits)
             ok_by_group = dict(zip(groups, results, strict=True))
@@ -314,16 +313,17 @@ class Node:
         return statuses
 
     def _apply_batch(self, ops: Sequence[Op]) -> tuple[
-            list[int], list[LogRecord], dict[tuple[str, ...], list[list[Any]]],
+            list[int], asyncio.Future[None] | None, dict[tuple[str, ...], list[list[Any]]],
             list[tuple[int, asyncio.Future[bool]]]]:
-        """The synchronous part: no await between the dedup check and the apply."""
+        """The synchronous part: no await between the dedup check, the apply and the log
+        append (one columnar frame for the batch); the append's future, None if no op was new."""
         me, now = self.origin, self.clock()
         dups = self.state.seen_or_add_many(ops, 0, 2)
         apply_local = self.state.shards.apply_local
         targets_of = self.targets_of
         inflight, pending = self._inflight, self.state.pending
         statuses: list[int] = []
-        records: list[LogRecord] = []
+        rows: list[tuple[str, str, str, int, int, int]] = []
         groups: dict[tuple[str, ...], list[list[Any]]] = {}
         dup_waits: list[tuple[int, asyncio.Future[bool]]] = []
         for (table, key, op_id, delta, _attempt), dup in zip(ops, dups, strict=True):
@@ -337,7 +337,7 @@ class Node:
                 continue
             p, n = apply_local(table, key, delta)
             statuses.append(_APPLIED)
-            records.append(make_record(APPLY, op_id, table, key, delta, me, p, n, now))
+            rows.append((op_id, table, key, delta, p, n))
             targets = targets_of(table, key)
             item = pending[op_id] = [op_id, table, key, me, p, n, delta, now]
             group = groups.get(targets)
@@ -345,8 +345,12 @@ class Node:
                 groups[targets] = [item]
             else:
                 group.append(item)
-        self.metrics.duplicates += len(ops) - len(records)
-        return statuses, records, groups, dup_waits
+        self.metrics.duplicates += len(ops) - len(rows)
+        if not rows:
+            return statuses, None, groups, dup_waits
+        op_ids, tables, keys, deltas, ps, ns = zip(*rows, strict=True)
+        own = self.log.append_columns_nowait(APPLY, op_ids, tables, keys, deltas, me, ps, ns, now)
+        return statuses, own, groups, dup_waits
 
     def targets_of(self, table: str, key: str) -> tuple[str, ...]:
         """The key's replicas other than this node (cached per preference list)."""
@@ -447,10 +451,11 @@ class Node:
     def _replicate_now(self, items: list[list[Any]]) -> asyncio.Future[None]:
         self.state.seen_or_add_many(items, 1, 0)  # learn the ids: dedup state stays in sync
         self.state.shards.merge_items(items)
-        records = [make_record(REPLICA, op_id, table, key, delta, origin, p, n, ts)
-                   for op_id, table, key, origin, p, n, delta, ts in items]
         self.metrics.replicated_in += len(items)
-        return self.log.append_nowait(records)
+        if not items:
+            return self.log.append_nowait([])
+        op_id, table, key, origin, p, n, delta, ts = zip(*items, strict=True)
+        return self.log.append_columns_nowait(REPLICA, op_id, table, key, delta, origin, p, n, ts)
 
     def on_repair(self, items: list[list[Any]], op_id: str = "") -> asyncio.Future[None]:
         records = []
