@@ -14,7 +14,8 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/python -m cluster.fbf_demo
-	$(BIN)/python -m client.chaos --duration 20 --out .demo-chaos
+	$(BIN)/python -m client.chaos --duration 20 --out .demo-chaos \
+		--nemesis lost-ack,drop,duplicate,delay,reset,down
 
 lint: $(STAMP)
 	$(BIN)/ruff check cluster client tests bench

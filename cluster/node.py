@@ -50,6 +50,26 @@ _APPLIED, _DUPLICATE, _UNAVAILABLE = int(Status.APPLIED), int(Status.DUPLICATE),
     Status.UNAVAILABLE)
 
 
+
+def _stamped(ops: Sequence[Op]) -> list[list[Any]]:
+    """FORWARD items carry the coordinator's wall clock (ms) as a sixth field."""
+    now_ms = int(time.time() * 1000)
+    return [[*op, now_ms] for op in ops]
+
+
+def _unstamped(body: list[list[Any]], stale_after_ms: int) -> list[Op]:
+    """Ops of a FORWARD frame; one that waited past ``stale_after_ms`` (in a paused leader's
+    socket buffer, say) goes as a retry: another replica may have taken over and applied it
+    meanwhile, so it is checked there first. Items without the stamp are taken as they are."""
+    now_ms = int(time.time() * 1000)
+    out: list[Op] = []
+    for item in body:
+        table, key, op_id, delta, attempt = item[:5]
+        if len(item) > 5 and now_ms - item[5] > stale_after_ms:
+            attempt = max(attempt, 2)
+        out.append((table, key, op_id, delta, attempt))
+    return out
+
 class Node:
     """One cluster member: owns the log, the peer links and the state; the HTTP layer calls it."""
 
@@ -240,7 +260,7 @@ class Node:
         if leader is None:
             return [_UNAVAILABLE] * len(ops)
         self.metrics.forwarded += len(ops)
-        fut = self.links[leader].call(Kind.FORWARD, ops)
+        fut = self.links[leader].call(Kind.FORWARD, _stamped(ops))
         try:
             statuses = await asyncio.wait_for(fut, self.config.quorum_timeout * 1.5)
         except PeerError as exc:  # the leader is unreachable: the next live replica leads
@@ -270,7 +290,8 @@ class Node:
                 res = await self.lead(sub)
             else:
                 try:
-                    res = await asyncio.wait_for(self.links[leader].call(Kind.FORWARD, sub),
+                    res = await asyncio.wait_for(self.links[leader].call(Kind.FORWARD,
+                                                                         _stamped(sub)),
                                                  self.config.quorum_timeout * 1.5)
                 except (TimeoutError, Unavailable):
                     continue
@@ -477,7 +498,7 @@ class Node:
         if kind == Kind.REPLICATE:
             return self.on_replicate(body)  # replies None once durable
         if kind == Kind.FORWARD:
-            return self.lead(body)
+            return self.lead(_unstamped(body, int(self.config.failure_timeout * 500)))
         if kind == Kind.READ:
             return self.on_read(body)
         if kind == Kind.REPAIR:

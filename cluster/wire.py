@@ -28,7 +28,7 @@ MAX_FRAME_BYTES = 256 << 20
 
 class Kind(IntEnum):
     HELLO = 0  # body: {"node": id, "version": 1}
-    FORWARD = 1  # body: [[table, key, op_id, delta, attempt], ...] -> [status, ...]
+    FORWARD = 1  # body: [[table, key, op_id, delta, attempt, sent_ms], ...] -> [status, ...]
     REPLICATE = 2  # body: [[op_id, table, key, origin, p, n, delta, ts], ...] -> None once durable
     READ = 3  # body: [[table, key], ...] -> [{origin: [p, n]}, ...]
     REPAIR = 4  # body: [[table, key, {origin: [p, n]}], ...] -> None once durable
