@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,7 +33,7 @@ from client.chaos.topology import Topology
 TAG = "nemesis-"
 
 
-class Nemesis:
+class Nemesis(ABC):
     name = ""
     needs = ""  # "", "processes" or "peer-links"
     default = True
@@ -45,18 +46,21 @@ class Nemesis:
                     if not topo.external else "needs a local cluster (not --nodes)")
         return None
 
+    @abstractmethod
     async def start(self, topo: Topology, rng: random.Random) -> dict[str, Any]:
-        raise NotImplementedError
+        """Begin the fault; the returned detail goes into the history."""
 
+    @abstractmethod
     async def stop(self, topo: Topology) -> None:
-        raise NotImplementedError
+        """Heal this fault."""
 
 
 class ClientToxic(Nemesis):
     """Adds toxics to every client proxy; healing removes them."""
 
+    @abstractmethod
     def toxics(self, rng: random.Random) -> list[dict[str, Any]]:
-        raise NotImplementedError
+        """The toxics to add to every client proxy."""
 
     async def start(self, topo: Topology, rng: random.Random) -> dict[str, Any]:
         specs = self.toxics(rng)
