@@ -228,7 +228,7 @@ def test_from_bytes_rejects_garbage() -> None:
     with pytest.raises(ValueError):
         ForgetfulBloomFilter.from_bytes(data[:-1])
     with pytest.raises(ValueError):
-        ForgetfulBloomFilter.from_bytes(b"XXXX" + data[4:])
+        ForgetfulBloomFilter.from_bytes(b"NOPE" + data[4:])
 
 
 def test_constructor_validates() -> None:
