@@ -471,24 +471,22 @@ def test_bit_flip_is_corruption_unless_it_hits_the_last_record(bit: int, tail: b
             assert _recover_sync(d) == _SAMPLE[:-1]
 
 
-@settings(max_examples=100, deadline=None)
-@given(
-    st.lists(
-        st.builds(
-            LogRecord,
-            kind=st.integers(0, 255),
-            op_id=st.text(max_size=40),
-            table=st.text(max_size=10),
-            key=st.text(max_size=40),
-            delta=st.integers(I64_MIN, I64_MAX),
-            origin=st.text(max_size=8),
-            p=st.integers(0, U64_MAX),
-            n=st.integers(0, U64_MAX),
-            ts=st.floats(allow_nan=False),
-        ),
-        max_size=20,
-    )
+_RECORD = st.builds(
+    LogRecord,
+    kind=st.integers(0, 255),
+    op_id=st.text(max_size=40),
+    table=st.text(max_size=10),
+    key=st.text(max_size=40),
+    delta=st.integers(I64_MIN, I64_MAX),
+    origin=st.text(max_size=8),
+    p=st.integers(0, U64_MAX),
+    n=st.integers(0, U64_MAX),
+    ts=st.floats(allow_nan=False),
 )
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(_RECORD, max_size=20))
 def test_encoding_round_trips_any_valid_record(records: list[LogRecord]) -> None:
     buf = frames(records)
     assert wal._scan(buf) == len(buf)
@@ -514,21 +512,7 @@ def columns(records: list[LogRecord]) -> Any:
     return [list(col) for col in zip(*records, strict=True)] if records else [[]] * 9
 
 
-_RECORDS = st.lists(
-    st.builds(
-        LogRecord,
-        kind=st.integers(0, 255),
-        op_id=st.text(max_size=40),
-        table=st.text(max_size=10),
-        key=st.text(max_size=40),
-        delta=st.integers(I64_MIN, I64_MAX),
-        origin=st.text(max_size=8),
-        p=st.integers(0, U64_MAX),
-        n=st.integers(0, U64_MAX),
-        ts=st.floats(allow_nan=False),
-    ),
-    max_size=30,
-)
+_RECORDS = st.lists(_RECORD, max_size=30)
 
 
 @settings(max_examples=100, deadline=None)

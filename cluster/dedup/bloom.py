@@ -68,7 +68,7 @@ class BloomDedup(OneByOne):
         return d
 
 
-class RecyclingBloomDedup(OneByOne):
+class RecyclingBloomDedup(BloomDedup):
     """A Bloom filter cleared when it has taken ``capacity`` new ids (the authors' baseline)."""
 
     name: str = "recycling-bloom"
@@ -76,7 +76,7 @@ class RecyclingBloomDedup(OneByOne):
     def __init__(self, m: int, k: int, capacity: int) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
-        self._f = BloomFilter(m, k)
+        super().__init__(m, k)
         self.capacity = capacity
         self.clears = 0
 
@@ -96,18 +96,9 @@ class RecyclingBloomDedup(OneByOne):
             self.clears += 1
         return False
 
-    def __contains__(self, op_id: bytes) -> bool:
-        return op_id in self._f
-
-    def nbytes(self) -> int:
-        return self._f.nbytes()
-
     @property
     def window(self) -> float:
         return 0.0  # an id added just before a clear is forgotten at once
-
-    def estimated_fpp(self) -> float:
-        return _fill_fpp(self._f)
 
     def stats(self) -> dict[str, float]:
         f = self._f
