@@ -16,6 +16,7 @@ from aiohttp import web
 from cluster.errors import BadRequest, BodyTooLarge, ClusterError, OpExpired, Unavailable
 from cluster.metrics import render
 from cluster.node import Node, Op
+from cluster.openapi import spec
 from cluster.validate import (
     CheckedOp,
     check_batch,
@@ -141,6 +142,10 @@ async def health(request: web.Request) -> web.Response:
     return reply(request, node.health())
 
 
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(spec())
+
+
 async def metrics(request: web.Request) -> web.Response:
     return web.Response(text=render(request.app[NODE_KEY]),
                         content_type="text/plain", charset="utf-8")
@@ -181,5 +186,6 @@ def make_app(node: Node) -> web.Application:
     app.router.add_get("/v1/counters/{table}/{key}", _timed("get_counter", get_counter))
     app.router.add_get("/v1/health", _timed("health", health))
     app.router.add_get("/metrics", _timed("metrics", metrics))
+    app.router.add_get("/v1/openapi.json", _timed("openapi", openapi))
     app.router.add_route("*", "/{tail:.*}", _not_found)
     return app
