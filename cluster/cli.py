@@ -13,26 +13,54 @@ from typing import Any
 from cluster.config import NodeConfig, from_mapping, load_file
 from cluster.errors import ConfigError
 
-# CLI flag -> config field, for the flags that map one to one
-_FLAGS: dict[str, tuple[str, type]] = {
-    "id": ("node_id", str), "listen": ("listen", str), "peers": ("peers", str),
-    "data_dir": ("data_dir", str), "rf": ("rf", int), "secret_file": ("secret_file", str),
-    "dedup": ("dedup", str), "window": ("window", float), "rate": ("rate", float),
-    "target_fpp": ("target_fpp", float), "write_quorum": ("write_quorum", int),
-    "vnodes": ("vnodes", int), "max_body_bytes": ("max_body_bytes", int),
-    "max_batch_ops": ("max_batch_ops", int), "max_dedup_bytes": ("max_dedup_bytes", int),
-    "quorum_timeout": ("quorum_timeout", float),
-    "snapshot_interval": ("snapshot_interval", float),
-    "drain_timeout": ("drain_timeout", float),
-    "max_inflight_frames": ("max_inflight_frames", int),
-    "connect_via": ("connect_via", str),
-    "heartbeat_interval": ("heartbeat_interval", float),
-    "phi_threshold": ("phi_threshold", float),
-    "failure_timeout": ("failure_timeout", float),
-    "antientropy_interval": ("antientropy_interval", float),
-    "max_hints": ("max_hints", int),
-    "reconcile_timeout": ("reconcile_timeout", float),
-    "max_clock_skew": ("max_clock_skew", float),
+# CLI flag -> (config field, type, help); every field is also accepted in --config FILE
+_FLAGS: dict[str, tuple[str, type, str]] = {
+    "id": ("node_id", str, "this node's id; must appear in --peers"),
+    "listen": ("listen", str, "HOST:PORT for client HTTP and peer traffic (one port)"),
+    "peers": ("peers", str, "every member, this node included: ID=HOST:PORT,..."),
+    "data_dir": ("data_dir", str, "where the log and snapshots live (kept across kill -9)"),
+    "rf": ("rf", int, "replicas per key (default min(3, members))"),
+    "write_quorum": ("write_quorum", int, "durable acks before an ack (default majority of rf)"),
+    "secret_file": ("secret_file", str,
+                    "cluster secret; peer frames are HMAC-SHA256 signed with it (recommended)"),
+    "peer_auth_skew": ("peer_auth_skew", float,
+                       "seconds of peer clock difference a HELLO may show (default 30)"),
+    "token_file": ("token_file", str,
+                   "client requests need 'Authorization: Bearer T', T a line of this file"),
+    "tls_cert": ("tls_cert", str, "PEM certificate: the port speaks TLS (with --tls-key)"),
+    "tls_key": ("tls_key", str, "PEM private key for --tls-cert"),
+    "tls_ca": ("tls_ca", str, "CA bundle to check peers' certificates against"),
+    "dedup": ("dedup", str, "dedup strategy, or per table: 'fbf,t1=exact' (default fbf)"),
+    "window": ("window", float, "seconds a retry is recognised in (default 10)"),
+    "rate": ("rate", float, "expected op ids per second per table, sizes the filters"),
+    "target_fpp": ("target_fpp", float, "false-positive target of the filters (default 1e-6)"),
+    "max_dedup_bytes": ("max_dedup_bytes", int, "memory cap for each table's dedup state"),
+    "vnodes": ("vnodes", int, "ring tokens per node (default 256)"),
+    "max_body_bytes": ("max_body_bytes", int, "largest request body, 413 above (4 MiB)"),
+    "max_batch_ops": ("max_batch_ops", int, "most ops in one /v1/batch (10000)"),
+    "max_op_id_bytes": ("max_op_id_bytes", int, "longest op id in UTF-8 bytes (256)"),
+    "max_nesting_depth": ("max_nesting_depth", int, "deepest body nesting accepted (8)"),
+    "max_connections_per_client": ("max_connections_per_client", int,
+                                   "open HTTP connections per client address, 429 above (256)"),
+    "header_timeout": ("header_timeout", float, "seconds for a request's headers (10)"),
+    "body_timeout": ("body_timeout", float, "seconds for a request's body (10)"),
+    "idle_timeout": ("idle_timeout", float, "seconds an idle keep-alive connection lives (75)"),
+    "quorum_timeout": ("quorum_timeout", float, "wait for a quorum before 503 (2 s)"),
+    "snapshot_interval": ("snapshot_interval", float, "seconds between snapshots (30)"),
+    "drain_timeout": ("drain_timeout", float, "SIGTERM: time for in-flight requests (5 s)"),
+    "max_inflight_frames": ("max_inflight_frames", int,
+                            "unanswered frames per peer and kind (0: no limit)"),
+    "connect_via": ("connect_via", str,
+                    "ID=HOST:PORT,...: dial this address to reach peer ID (a proxy)"),
+    "heartbeat_interval": ("heartbeat_interval", float, "seconds between heartbeats (0.2)"),
+    "phi_threshold": ("phi_threshold", float, "phi-accrual level that marks a peer down (8)"),
+    "failure_timeout": ("failure_timeout", float, "a peer silent this long is down (1 s)"),
+    "antientropy_interval": ("antientropy_interval", float,
+                             "seconds between anti-entropy exchanges (5)"),
+    "max_hints": ("max_hints", int, "writes kept per down replica (100000)"),
+    "reconcile_timeout": ("reconcile_timeout", float,
+                          "at start, time to settle in-doubt ops before serving (5 s)"),
+    "max_clock_skew": ("max_clock_skew", float, "client clock difference allowed for ts_ms (1 s)"),
 }
 
 
@@ -46,8 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
                "--connect-via ID=HOST:PORT[,ID=HOST:PORT...]: to reach peer ID, dial this "
                "address instead (a per-link proxy).",
     )
-    for flag, (_, typ) in _FLAGS.items():
-        ap.add_argument("--" + flag.replace("_", "-"), dest=flag, type=typ, default=None)
+    for flag, (_, typ, help_text) in _FLAGS.items():
+        ap.add_argument("--" + flag.replace("_", "-"), dest=flag, type=typ, default=None,
+                        help=help_text, metavar=typ.__name__.upper())
     ap.add_argument("--fsync", action=argparse.BooleanOptionalAction, default=None,
                     help="fsync the log before acknowledging (default on)")
     ap.add_argument("--config", default=None, help="JSON or TOML file with the same fields")
@@ -58,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(argv: Sequence[str] | None = None) -> tuple[NodeConfig, str]:
     args = build_parser().parse_args(argv)
     values: dict[str, Any] = load_file(args.config) if args.config else {}
-    for flag, (name, _) in _FLAGS.items():
+    for flag, (name, _, _) in _FLAGS.items():
         value = getattr(args, flag)
         if value is not None:
             values[name] = value

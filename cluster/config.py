@@ -15,7 +15,20 @@ Every field, its default and its constraint (durations are float seconds):
     target_fpp = 1e-6   false-positive target of the filters; 0 < fpp < 1
     max_dedup_bytes     optional memory cap handed to the dedup strategies
     fsync = True        fsync the log before acknowledging (group commit)
-    secret_file         cluster secret for peer authentication (accepted; HMAC comes later)
+    secret_file         cluster secret: every peer frame is signed with HMAC-SHA256 under keys
+                        derived from it (cluster.auth); without it peers are not authenticated
+    peer_auth_skew = 30.0   a peer HELLO whose clock is further off than this is refused, and
+                        HELLO nonces are remembered for twice as long (replays refused)
+    token_file          optional: client requests must send ``Authorization: Bearer <token>``
+                        with one of the file's lines (health and the API description excepted)
+    tls_cert, tls_key   optional: the node's port speaks TLS (clients and peers alike)
+    tls_ca              optional: CA bundle peers' certificates are checked against (without
+                        it peer TLS only encrypts; the HMAC authenticates)
+    max_nesting_depth = 8   deepest nesting of objects/arrays accepted in a request body
+    max_connections_per_client = 256   open HTTP connections allowed per client address
+    header_timeout = 10.0   a request's headers must arrive within this (slowloris guard)
+    body_timeout = 10.0     and its body within this after the headers
+    idle_timeout = 75.0     an idle keep-alive connection is closed after this
     vnodes = 256        ring tokens per node
     max_body_bytes = 4 MiB, max_batch_ops = 10000, max_op_id_bytes = 256
     quorum_timeout = 2.0      wait for a write or read quorum before answering 503
@@ -112,6 +125,16 @@ class NodeConfig:
     max_dedup_bytes: int | None = None
     fsync: bool = True
     secret_file: str | None = None
+    peer_auth_skew: float = 30.0
+    token_file: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    max_nesting_depth: int = 8
+    max_connections_per_client: int = 256
+    header_timeout: float = 10.0
+    body_timeout: float = 10.0
+    idle_timeout: float = 75.0
     vnodes: int = 256
     max_body_bytes: int = 4 << 20
     max_batch_ops: int = 10_000
@@ -151,7 +174,8 @@ class NodeConfig:
         for name in ("window", "rate", "quorum_timeout", "peer_connect_timeout",
                      "snapshot_interval", "adapt_interval", "drain_timeout",
                      "heartbeat_interval", "phi_threshold", "antientropy_interval",
-                     "reconcile_timeout"):
+                     "reconcile_timeout", "peer_auth_skew", "header_timeout", "body_timeout",
+                     "idle_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name}: must be > 0, got {getattr(self, name)}")
         if not self.failure_timeout > self.heartbeat_interval:
@@ -166,8 +190,10 @@ class NodeConfig:
             raise ConfigError(f"connect_via: {unknown[0]!r} is not in peers {ids}")
         if not 0.0 < self.target_fpp < 1.0:
             raise ConfigError(f"target_fpp: must be in (0, 1), got {self.target_fpp}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("tls_cert and tls_key: give both or neither")
         for name in ("vnodes", "max_body_bytes", "max_batch_ops", "max_op_id_bytes",
-                     "snapshot_log_bytes"):
+                     "snapshot_log_bytes", "max_nesting_depth", "max_connections_per_client"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
         self._check_dedup_names()

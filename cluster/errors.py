@@ -3,6 +3,9 @@
     ClusterError                       retriable?  status  code
     +-- BadRequest                     no          400     bad_request / bad_op_id / bad_delta / ...
     |   +-- BodyTooLarge               no          413     body_too_large
+    |   +-- RequestTimeout             no          408     request_timeout (slow client)
+    +-- Unauthorized                   no          401     unauthorized (bearer token)
+    +-- TooManyConnections             yes         429     too_many_connections
     +-- OpExpired                      no          410     op_expired
     +-- Unavailable                    yes         503     unavailable (quorum not met in time)
     +-- PeerError                      yes         503     peer_error (a peer link failed)
@@ -42,6 +45,28 @@ class BadRequest(ClusterError):
 class BodyTooLarge(BadRequest):
     status = 413
     code = "body_too_large"
+
+
+class RequestTimeout(BadRequest):
+    """The request's headers or body did not arrive in time (a slow or stalled client)."""
+
+    status = 408
+    code = "request_timeout"
+
+
+class Unauthorized(ClusterError):
+    """A token is required and the request has none, or not a valid one."""
+
+    status = 401
+    code = "unauthorized"
+
+
+class TooManyConnections(ClusterError):
+    """The client address already holds as many connections as a client may."""
+
+    status = 429
+    code = "too_many_connections"
+    retriable = True
 
 
 class OpExpired(ClusterError):

@@ -5,15 +5,29 @@ Translates requests into ``Node`` calls and ``ClusterError`` into status codes, 
 
 from __future__ import annotations
 
+import asyncio
+import hmac
 import json
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import msgpack
 from aiohttp import web
 
-from cluster.errors import BadRequest, BodyTooLarge, ClusterError, OpExpired, Unavailable
+from cluster.auth import PeerAuth
+from cluster.errors import (
+    BadRequest,
+    BodyTooLarge,
+    ClusterError,
+    ConfigError,
+    OpExpired,
+    RequestTimeout,
+    Unauthorized,
+    Unavailable,
+)
+from cluster.listener import Listener
 from cluster.metrics import render
 from cluster.node import Node, Op
 from cluster.openapi import spec
@@ -29,6 +43,40 @@ from cluster.validate import (
 from cluster.wire import Status
 
 NODE_KEY: web.AppKey[Node] = web.AppKey("node", Node)
+EDGE_KEY: web.AppKey[Edge] = web.AppKey("edge")
+
+
+class Edge:
+    """What the API needs from the node's edge: the listener (slow-client guard and its
+    counters), the peer authentication counters, and the bearer tokens (none: no token)."""
+
+    def __init__(self, listener: Listener | None = None, auth: PeerAuth | None = None,
+                 tokens: frozenset[str] = frozenset()) -> None:
+        self.listener = listener
+        self.auth = auth
+        self.tokens = tokens
+
+    def authorized(self, header: str | None) -> bool:
+        if not self.tokens:
+            return True
+        scheme, _, token = (header or "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            return False
+        # compare against every token, always: how long it takes tells nothing about which
+        return sum(hmac.compare_digest(token.strip().encode(), t.encode())
+                   for t in self.tokens) > 0
+
+
+def load_tokens(path: str) -> frozenset[str]:
+    """The bearer tokens a node accepts: one per non-empty line (two during a rotation)."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"token_file: cannot read {path}: {exc}") from exc
+    tokens = frozenset(line.strip() for line in text.splitlines() if line.strip())
+    if not tokens or any(len(t) < 16 for t in tokens):
+        raise ConfigError(f"token_file: {path} needs one or more tokens of 16+ characters")
+    return tokens
 
 _APPLIED, _DUPLICATE = int(Status.APPLIED), int(Status.DUPLICATE)
 _UNAVAILABLE, _EXPIRED = int(Status.UNAVAILABLE), int(Status.EXPIRED)
@@ -64,11 +112,16 @@ def reply(request: web.Request, payload: Any, status: int = 200) -> web.Response
 
 
 async def _read_body(request: web.Request) -> Any:
+    cfg = request.app[NODE_KEY].config
     try:
-        raw = await request.read()
+        async with asyncio.timeout(cfg.body_timeout):
+            raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise BodyTooLarge(f"body larger than {request.app._client_max_size} bytes") from exc
-    return decode_body(raw, request.headers.get("Content-Type", ""))
+    except TimeoutError as exc:
+        raise RequestTimeout(f"request body not complete within {cfg.body_timeout:g} s") from exc
+    return decode_body(raw, request.headers.get("Content-Type", ""),
+                       max_depth=cfg.max_nesting_depth)
 
 
 def _stale_after_ms(node: Node) -> int:
@@ -91,6 +144,7 @@ async def post_counter(request: web.Request) -> web.Response:
     key = check_name(request.match_info["key"], "key")
     op = check_op(await _read_body(request), table, key,
                   max_op_id_bytes=node.config.max_op_id_bytes,
+                  max_depth=node.config.max_nesting_depth,
                   max_clock_skew_ms=int(node.config.max_clock_skew * 1000),
                   stale_after_ms=_stale_after_ms(node))
     if _expired(node, op):
@@ -109,7 +163,7 @@ async def post_batch(request: web.Request) -> web.Response:
     node = request.app[NODE_KEY]
     cfg = node.config
     ops = check_batch(await _read_body(request), max_ops=cfg.max_batch_ops,
-                      max_op_id_bytes=cfg.max_op_id_bytes,
+                      max_op_id_bytes=cfg.max_op_id_bytes, max_depth=cfg.max_nesting_depth,
                       max_clock_skew_ms=int(cfg.max_clock_skew * 1000),
                       stale_after_ms=_stale_after_ms(node))
     statuses = [_EXPIRED] * len(ops)
@@ -147,28 +201,50 @@ async def openapi(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return web.Response(text=render(request.app[NODE_KEY]),
-                        content_type="text/plain", charset="utf-8")
+    edge = request.app[EDGE_KEY]
+    listener = edge.listener
+    text = render(request.app[NODE_KEY], auth=edge.auth,
+                  edge=listener.stats if listener is not None else None)
+    return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+OPEN_ROUTES = ("health", "openapi")  # answered without a token (health checks, discovery)
+
+
 def _timed(route: str, handler: Handler) -> Handler:
-    """Errors to their contract shape, latency into the route's histogram."""
+    """The token check, errors to their contract shape, latency into the route's histogram, and
+    the slow-client guard told that this connection's request headers are in."""
+    needs_token = route not in OPEN_ROUTES
 
     async def wrapped(request: web.Request) -> web.StreamResponse:
-        node = request.app[NODE_KEY]
+        node, edge = request.app[NODE_KEY], request.app[EDGE_KEY]
         hist = node.metrics.request_histogram(route)
         start = time.perf_counter()
+        guard = edge.listener.guard_of(request.protocol) if edge.listener is not None else None
+        if guard is not None:
+            guard.request_started()
         try:
+            if needs_token and edge.tokens and not edge.authorized(
+                    request.headers.get("Authorization")):
+                raise Unauthorized("this node needs 'Authorization: Bearer <token>'")
             return await handler(request)
         except ClusterError as exc:
             if isinstance(exc, BadRequest):
                 node.metrics.bad_requests += 1
-            return reply(request, exc.to_dict(), status=exc.status)
+            resp = reply(request, exc.to_dict(), status=exc.status)
+            if isinstance(exc, Unauthorized):
+                resp.headers["WWW-Authenticate"] = 'Bearer realm="idemcount"'
+                node.metrics.unauthorized += 1
+            elif isinstance(exc, RequestTimeout):
+                resp.force_close()  # the rest of a slow body is not worth waiting for
+            return resp
         finally:
             hist.observe(time.perf_counter() - start)
+            if guard is not None:
+                guard.request_finished()
 
     return wrapped
 
@@ -178,14 +254,15 @@ async def _not_found(request: web.Request) -> web.Response:
                  status=404)
 
 
-def make_app(node: Node) -> web.Application:
+def make_app(node: Node, edge: Edge | None = None) -> web.Application:
     app = web.Application(client_max_size=node.config.max_body_bytes)
     app[NODE_KEY] = node
+    app[EDGE_KEY] = edge if edge is not None else Edge()
     app.router.add_post("/v1/counters/{table}/{key}", _timed("post_counter", post_counter))
     app.router.add_post("/v1/batch", _timed("batch", post_batch))
     app.router.add_get("/v1/counters/{table}/{key}", _timed("get_counter", get_counter))
     app.router.add_get("/v1/health", _timed("health", health))
     app.router.add_get("/metrics", _timed("metrics", metrics))
     app.router.add_get("/v1/openapi.json", _timed("openapi", openapi))
-    app.router.add_route("*", "/{tail:.*}", _not_found)
+    app.router.add_route("*", "/{tail:.*}", _timed("not_found", _not_found))
     return app

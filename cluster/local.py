@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cluster.auth import write_secret
+
 
 def _die_with_parent() -> None:
     """In the child, before exec: SIGTERM when the launcher dies (Linux), so a launcher that
@@ -131,15 +133,26 @@ class NodeProcess:
 
 
 class LocalCluster:
-    """N node processes with ids n1..nN on consecutive or free loopback ports."""
+    """N node processes with ids n1..nN on consecutive or free loopback ports.
+
+    Peers authenticate with a secret (``secret=True``, the default): a random one is written to
+    ``<data_dir>/cluster.secret`` (mode 600) unless that file exists, and every node gets
+    ``--secret-file`` for it. ``secret=False`` runs them unauthenticated."""
 
     def __init__(self, nodes: int = 3, *, rf: int = 3, base_port: int | None = None,
                  data_dir: str | os.PathLike[str] | None = None, host: str = "127.0.0.1",
                  extra_args: Sequence[str] = (),
-                 node_args: Mapping[str, Sequence[str]] | None = None
-                 ) -> None:
+                 node_args: Mapping[str, Sequence[str]] | None = None,
+                 secret: bool = True) -> None:
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="idemcount-"))
+        self.secret_file: Path | None = None
+        if secret:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self.secret_file = self.data_dir / "cluster.secret"
+            if not self.secret_file.exists():
+                write_secret(self.secret_file)
+            extra_args = ["--secret-file", str(self.secret_file), *extra_args]
         ports = ([base_port + i for i in range(nodes)] if base_port else free_ports(nodes, host))
         ids = [f"n{i + 1}" for i in range(nodes)]
         peers = ",".join(f"{i}={host}:{p}" for i, p in zip(ids, ports, strict=True))

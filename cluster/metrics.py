@@ -63,6 +63,7 @@ class NodeMetrics:
     antientropy_keys: int = 0
     hints_delivered: int = 0
     retry_checks: int = 0
+    unauthorized: int = 0
     requests: dict[str, Histogram] = field(default_factory=dict)
 
     def request_histogram(self, route: str) -> Histogram:
@@ -128,8 +129,9 @@ def wal_histogram(stats: object) -> Histogram:
     return h
 
 
-def render(node: Any) -> str:
-    """The node's /metrics page."""
+def render(node: Any, auth: Any = None, edge: Any = None) -> str:
+    """The node's /metrics page (``auth``: ``cluster.auth.PeerAuth``, ``edge``:
+    ``cluster.listener.EdgeStats``, for what was refused at the door)."""
     m, ex = node.metrics, Exposition()
     for name, help_text in (
         ("applied", "ops applied by this node as leader"),
@@ -148,6 +150,7 @@ def render(node: Any) -> str:
         ("antientropy_keys", "keys exchanged by anti-entropy"),
         ("hints_delivered", "hinted writes delivered to a replica that came back"),
         ("retry_checks", "ops checked on the other replicas before being applied"),
+        ("unauthorized", "client requests refused for a missing or wrong bearer token (401)"),
     ):
         ex.simple(f"idc_{name}_total", "counter", help_text, getattr(m, name))
     ex.simple("idc_replayed_records", "gauge", "log records replayed at start", m.replayed)
@@ -165,9 +168,29 @@ def render(node: Any) -> str:
     for pid, link in node.links.items():
         ex.sample("idc_peer_connected", int(link.connected), {"peer": pid})
     _wal_families(ex, node.log.stats())
+    if auth is not None:
+        _refusals(ex, "idc_peer_auth_rejected_total",
+                  "peer frames or connections refused by authentication, by reason",
+                  auth.rejected, auth.REASONS)
+        ex.simple("idc_peer_auth_accepted_total", "counter",
+                  "inbound peer connections whose signed HELLO checked out", auth.accepted)
+        ex.simple("idc_peer_auth_enabled", "gauge", "1 when peer frames are signed",
+                  int(auth.enabled))
+    if edge is not None:
+        _refusals(ex, "idc_http_refused_total", "client connections refused at the door",
+                  edge.refused, edge.REASONS)
+        ex.simple("idc_http_connections", "gauge", "client HTTP connections open",
+                  edge.open_connections)
     ex.histogram("idc_request_seconds", "HTTP request latency by route",
                  ((f'route="{r}"', h) for r, h in sorted(m.requests.items())))
     return ex.render()
+
+
+def _refusals(ex: Exposition, name: str, help_text: str, counts: Any,
+              reasons: Any) -> None:
+    ex.family(name, "counter", help_text)
+    for reason in sorted(set(reasons) | set(counts)):
+        ex.sample(name, counts.get(reason, 0), {"reason": reason})
 
 
 def _dedup_families(ex: Exposition, node: Any) -> None:

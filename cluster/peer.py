@@ -4,7 +4,8 @@ Callers ask a ``PeerLink`` for ``call(kind, items)``; every call made in the sam
 to the same peer and kind is coalesced into one frame, so a hundred concurrent single-op HTTP
 requests cost one frame, not a hundred. Replies are sliced back to their callers.
 Inbound connections arrive on the node's HTTP port and are told apart by ``wire.MAGIC``
-(``PortMux``), so a node needs one address only, as ``--peers`` lists.
+(``cluster.listener``), so a node needs one address only, as ``--peers`` lists. Frames are
+signed and checked per connection when the cluster has a secret (``cluster.auth``).
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from cluster.auth import AuthError, PeerAuth, Signer, Verifier
 from cluster.errors import PeerError
 from cluster.wire import MAGIC, PROTOCOL_VERSION, FrameDecoder, Kind, encode_frame
 
@@ -30,26 +33,49 @@ class PeerProtocol(asyncio.Protocol):
     """Frames in both directions: requests go to ``handler``, replies resolve ``on_reply``."""
 
     def __init__(self, handler: Handler | None, on_reply: Callable[[int, int, Any], None] | None,
-                 on_lost: Callable[[Exception | None], None] | None = None) -> None:
+                 on_lost: Callable[[Exception | None], None] | None = None, *,
+                 auth: PeerAuth | None = None, signer: Signer | None = None,
+                 verifier: Verifier | None = None) -> None:
+        """An inbound connection gets ``auth`` (its first frame must be a signed HELLO when
+        the node has a secret); an outbound one gets the ``signer`` and ``verifier`` its
+        HELLO set up (``PeerAuth.dial``)."""
         self.handler = handler
         self.on_reply = on_reply
         self.on_lost = on_lost
         self.peer_id = "?"
         self.transport: asyncio.Transport | None = None
-        self._decoder = FrameDecoder()
+        self.auth = auth
+        self._signer = signer
+        if verifier is not None:
+            self._decoder = FrameDecoder(verifier=verifier)
+        elif auth is not None and auth.enabled:
+            self._decoder = FrameDecoder(accept=self._accept)
+        else:
+            self._decoder = FrameDecoder()
         self._tasks: set[asyncio.Task[None]] = set()
+
+    def _accept(self, hello: Any, signed: bytes, trailer: bytes) -> Verifier:
+        assert self.auth is not None
+        self.peer_id, self._signer, verifier = self.auth.accept(hello, signed, trailer)
+        return verifier
+
+    def encode(self, kind: int, req_id: int, body: Any) -> bytes:
+        return encode_frame(kind, req_id, body, self._signer)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        decoder = self._decoder
+        dropped = decoder.dropped
         try:
-            frames = self._decoder.feed(data)
+            frames = decoder.feed(data)
         except PeerError as exc:
-            log.warning("closing peer connection from %s: %s", self.peer_id, exc)
-            if self.transport is not None:
-                self.transport.close()
+            self._refuse(exc)
             return
+        if decoder.dropped != dropped and self.auth is not None:
+            for _ in range(decoder.dropped - dropped):
+                self.auth.reject("replay", self.peer_id, "frame sequence number already used")
         for kind, req_id, body in frames:
             if kind >= Kind.REPLY:
                 if self.on_reply is not None:
@@ -58,6 +84,15 @@ class PeerProtocol(asyncio.Protocol):
                 self.peer_id = str(body.get("node", "?")) if isinstance(body, dict) else "?"
             elif self.handler is not None:
                 self._dispatch(kind, req_id, body)
+
+    def _refuse(self, exc: PeerError) -> None:
+        reason = exc.reason if isinstance(exc, AuthError) else "bad_frame"
+        if self.auth is not None:
+            self.auth.reject(reason, self.peer_id, exc)
+        else:
+            log.warning("closing peer connection from %s: %s", self.peer_id, exc)
+        if self.transport is not None:
+            self.transport.close()
 
     def _dispatch(self, kind: int, req_id: int, body: Any) -> None:
         try:
@@ -72,7 +107,7 @@ class PeerProtocol(asyncio.Protocol):
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         else:
-            self.send(encode_frame(Kind.REPLY, req_id, result))
+            self.send(self.encode(Kind.REPLY, req_id, result))
 
     async def _finish(self, req_id: int, pending: Awaitable[Any]) -> None:
         try:
@@ -82,7 +117,7 @@ class PeerProtocol(asyncio.Protocol):
         except Exception as exc:
             self._reply_error(req_id, exc)
             return
-        self.send(encode_frame(Kind.REPLY, req_id, result))
+        self.send(self.encode(Kind.REPLY, req_id, result))
 
     def _finished(self, req_id: int, fut: asyncio.Future[Any]) -> None:
         if fut.cancelled():
@@ -90,11 +125,11 @@ class PeerProtocol(asyncio.Protocol):
         elif (exc := fut.exception()) is not None:
             self._reply_error(req_id, exc)  # type: ignore[arg-type]
         else:
-            self.send(encode_frame(Kind.REPLY, req_id, fut.result()))
+            self.send(self.encode(Kind.REPLY, req_id, fut.result()))
 
     def _reply_error(self, req_id: int, exc: Exception) -> None:
         log.warning("peer request from %s failed: %r", self.peer_id, exc)
-        self.send(encode_frame(Kind.ERROR, req_id, f"{type(exc).__name__}: {exc}"))
+        self.send(self.encode(Kind.ERROR, req_id, f"{type(exc).__name__}: {exc}"))
 
     def send(self, frame: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -121,8 +156,10 @@ class PeerLink:
 
     def __init__(self, own_id: str, peer_id: str, host: str, port: int, *,
                  connect_timeout: float = 1.0, retry_interval: float = 0.2,
-                 max_inflight_frames: int = 0) -> None:
+                 max_inflight_frames: int = 0, auth: PeerAuth | None = None) -> None:
         self.own_id, self.peer_id, self.host, self.port = own_id, peer_id, host, port
+        self.auth = auth if auth is not None else PeerAuth(own_id, None)
+        self.ssl: ssl.SSLContext | None = None  # TLS to the peer (cluster.listener.peer_ssl)
         # Frames of one kind allowed unanswered at once (0: no limit). While the limit is
         # reached, calls accumulate into the next frame: bigger frames exactly when busy.
         self.max_inflight_frames = max_inflight_frames
@@ -199,7 +236,7 @@ class PeerLink:
             del self._pending[kind]
             counts[kind] = counts.get(kind, 0) + 1
             req_id = next(self._ids)
-            frame = encode_frame(kind, req_id, batch.items)
+            frame = proto.encode(kind, req_id, batch.items)
             self._inflight[req_id] = (batch.waiters, now, kind)
             frames.append(frame)
             self.items_sent += len(batch.items)
@@ -247,11 +284,13 @@ class PeerLink:
 
     async def _connect(self, record_failure: bool = True) -> None:
         loop = asyncio.get_running_loop()
+        hello, signer, verifier = self.auth.dial(self.peer_id)
         try:
             _, proto = await asyncio.wait_for(
                 loop.create_connection(
-                    lambda: PeerProtocol(None, self._on_reply, self._on_lost), self.host, self.port
-                ),
+                    lambda: PeerProtocol(None, self._on_reply, self._on_lost, auth=self.auth,
+                                         signer=signer, verifier=verifier),
+                    self.host, self.port, ssl=self.ssl),
                 self.connect_timeout,
             )
         except (TimeoutError, OSError) as exc:
@@ -262,8 +301,7 @@ class PeerLink:
         finally:
             self._connecting = None
         proto.peer_id = self.peer_id
-        proto.send(MAGIC + encode_frame(Kind.HELLO, 0, {"node": self.own_id,
-                                                         "version": PROTOCOL_VERSION}))
+        proto.send(MAGIC + proto.encode(Kind.HELLO, 0, {**hello, "version": PROTOCOL_VERSION}))
         self._proto = proto
         if self._pending and not self._flush_scheduled:
             self._flush_scheduled = True
@@ -304,51 +342,6 @@ class PeerLink:
         if self._proto is not None and self._proto.transport is not None:
             self._proto.transport.close()
         self._fail_all(PeerError(f"link to {self.peer_id} closed"))
-
-
-class PortMux(asyncio.Protocol):
-    """First bytes decide: ``MAGIC`` makes a peer connection, anything else goes to HTTP."""
-
-    SNIFF_TIMEOUT = 10.0  # a connection that never says what it is gets closed
-
-    def __init__(self, http_factory: Callable[[], asyncio.Protocol], peer_handler: Handler,
-                 peers: set[asyncio.Protocol]) -> None:
-        self._http_factory = http_factory
-        self._peer_handler = peer_handler
-        self._peers = peers
-        self._transport: asyncio.Transport | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._buf = b""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
-        self._timer = asyncio.get_running_loop().call_later(self.SNIFF_TIMEOUT, transport.close)
-
-    def data_received(self, data: bytes) -> None:
-        self._buf += data
-        buf = self._buf
-        if len(buf) < len(MAGIC) and MAGIC.startswith(buf):
-            return  # not enough bytes to tell yet
-        assert self._transport is not None
-        if self._timer is not None:
-            self._timer.cancel()
-        new: asyncio.Protocol
-        if buf.startswith(MAGIC):
-            peer = PeerProtocol(self._peer_handler, None)
-            peer.on_lost = lambda _exc: self._peers.discard(peer)
-            self._peers.add(peer)
-            new, rest = peer, buf[len(MAGIC):]
-        else:
-            new, rest = self._http_factory(), buf
-        self._transport.set_protocol(new)
-        new.connection_made(self._transport)
-        if rest:
-            new.data_received(rest)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._transport = None
-        if self._timer is not None:
-            self._timer.cancel()
 
 
 def close_all(protocols: set[asyncio.Protocol]) -> None:

@@ -15,12 +15,14 @@ from typing import Any, TextIO
 from aiohttp import web
 
 from cluster.antientropy import antientropy_loop
+from cluster.auth import PeerAuth, load_secret
 from cluster.config import NodeConfig
-from cluster.errors import ClusterError
+from cluster.errors import ClusterError, ConfigError
 from cluster.failure import heartbeat_loop
-from cluster.http_api import make_app
+from cluster.http_api import Edge, load_tokens, make_app
+from cluster.listener import Listener, peer_ssl, server_ssl
 from cluster.node import Node
-from cluster.peer import PortMux, close_all
+from cluster.peer import close_all
 from cluster.recovery import settle_loop
 
 log = logging.getLogger("cluster.server")
@@ -32,6 +34,12 @@ class NodeServer:
     def __init__(self, config: NodeConfig, *, ready_stream: TextIO | None = None) -> None:
         self.config = config
         self.node = Node(config)
+        secret = load_secret(config.secret_file) if config.secret_file else None
+        self.auth = PeerAuth(config.node_id, secret, skew=config.peer_auth_skew)
+        link_ssl = peer_ssl(config)
+        for link in self.node.links.values():
+            link.auth, link.ssl = self.auth, link_ssl
+        self.listener: Listener | None = None
         self.ready_stream = ready_stream
         self.address: tuple[str, int] | None = None
         self._runner: web.AppRunner | None = None
@@ -50,17 +58,25 @@ class NodeServer:
     async def start(self) -> None:
         started = time.monotonic()
         replayed = await self.node.recover()
-        self._runner = web.AppRunner(make_app(self.node), handle_signals=False, access_log=None,
-                                     shutdown_timeout=self.config.drain_timeout)
+        cfg = self.config
+        self.listener = listener = Listener(
+            self._http_protocol, self.node.handle_peer, self._inbound, auth=self.auth,
+            header_timeout=cfg.header_timeout,
+            max_connections_per_client=cfg.max_connections_per_client)
+        tokens = load_tokens(cfg.token_file) if cfg.token_file else frozenset()
+        app = make_app(self.node, Edge(listener, self.auth, tokens))
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None,
+                                     shutdown_timeout=cfg.drain_timeout,
+                                     keepalive_timeout=cfg.idle_timeout)
         await self._runner.setup()
-        http_factory = self._runner.server
-        assert http_factory is not None
         loop = asyncio.get_running_loop()
-        host, port = self.config.listen
+        host, port = cfg.listen
         self._server = await loop.create_server(
-            lambda: PortMux(http_factory, self.node.handle_peer, self._inbound),
-            host, port, reuse_address=True, backlog=2048,
-        )
+            listener.protocol, host, port, reuse_address=True, backlog=2048,
+            ssl=server_ssl(cfg))
+        if not self.auth.enabled:
+            log.warning("no --secret-file: peer traffic is not authenticated; anyone who can "
+                        "reach this port can forge replication (tests and trusted hosts only)")
         sockname = self._server.sockets[0].getsockname()
         self.address = (host, sockname[1])
         # Recovered state lives as long as the process: keep the cyclic GC from rescanning it,
@@ -71,7 +87,7 @@ class NodeServer:
         gc.set_threshold(int(os.environ.get("IDC_GC_THRESHOLD", "20000")), 20, 100)
         for link in self.node.links.values():
             link.connect_soon()
-        node, cfg = self.node, self.config
+        node = self.node
         node.use_detector()
         self._tasks = [
             asyncio.create_task(heartbeat_loop(node, node.detector, cfg.heartbeat_interval),
@@ -99,6 +115,10 @@ class NodeServer:
         if self.ready_stream is not None:
             self.ready_stream.write(f"READY {self.node.id} {host}:{sockname[1]}\n")
             self.ready_stream.flush()
+
+    def _http_protocol(self) -> asyncio.Protocol:
+        assert self._runner is not None and self._runner.server is not None
+        return self._runner.server()
 
     async def _snapshot_loop(self) -> None:
         cfg = self.config
@@ -202,6 +222,9 @@ def run(config: NodeConfig) -> int:
         uvloop.run(main())
     except ImportError:  # pragma: no cover - uvloop is a dependency on every supported OS
         asyncio.run(main())
+    except ConfigError as exc:  # a secret, token or certificate file that does not load
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     finally:
         if profiler is not None:
             profiler.disable()

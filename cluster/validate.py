@@ -4,7 +4,9 @@ Names (tables and keys) match ``[A-Za-z0-9_.:-]{1,128}``; an op id is a non-empt
 most ``max_op_id_bytes`` UTF-8 bytes; ``delta`` is an int (not a bool) in signed 64-bit range;
 ``attempt`` (>= 1), ``age_ms`` (>= 0) and ``ts_ms`` (the op's creation, client wall clock) are
 optional ints. A batch is checked whole before any op runs; the first bad op rejects the batch with
-a message naming its index, ``ops[i].field``.
+a message naming its index, ``ops[i].field``. Bodies may nest at most ``max_depth`` objects or
+arrays deep (an op in a batch is at depth 3); the decoders themselves stop at their own
+recursion limits, so no body can make decoding slow.
 
 An op that arrives older than ``stale_after_ms`` counts as a retry (``attempt`` >= 2), so its
 leader asks the other replicas before applying it: a request that sat in a paused node's socket
@@ -34,14 +36,16 @@ def is_msgpack(content_type: str) -> bool:
     return "msgpack" in content_type
 
 
-def decode_body(raw: bytes, content_type: str) -> Any:
+def decode_body(raw: bytes, content_type: str, max_depth: int = 8) -> Any:
     if not raw:
         raise BadRequest("request body is empty", code="bad_body")
     try:
         if is_msgpack(content_type):
             return msgpack.unpackb(raw, raw=False, strict_map_key=True)
         return json.loads(raw)
-    except (ValueError, TypeError, RecursionError, msgpack.UnpackException) as exc:
+    except (RecursionError, msgpack.StackError) as exc:
+        raise _too_deep("body", max_depth) from exc
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
         kind = "msgpack" if is_msgpack(content_type) else "JSON"
         raise BadRequest(f"body is not valid {kind}: {exc}", code="bad_body") from exc
 
@@ -59,12 +63,39 @@ def _int_field(op: dict[str, Any], name: str, where: str, default: int, lo: int)
     return value
 
 
+def nests_deeper(value: Any, limit: int) -> bool:
+    """True when ``value`` has containers nested more than ``limit`` deep (a scalar: 0, a flat
+    list or map: 1). Iterative, and it stops at the first container past the limit."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children
+                     if isinstance(child, dict | list | tuple))
+    return False
+
+
+def _too_deep(where: str, max_depth: int) -> BadRequest:
+    return BadRequest(f"{where}: nests deeper than {max_depth} levels", code="too_deep")
+
+
 def check_op(op: Any, table: str, key: str, *, max_op_id_bytes: int,
              where: str = "", max_clock_skew_ms: int = 1000,
-             stale_after_ms: int | None = None) -> CheckedOp:
-    """One op's fields (``table`` and ``key`` already checked); raises ``BadRequest``."""
+             stale_after_ms: int | None = None, max_depth: int = 8,
+             depth: int = 1) -> CheckedOp:
+    """One op's fields (``table`` and ``key`` already checked); raises ``BadRequest``.
+    ``depth``: how deep the op object sits in its body (1 alone, 3 in a batch)."""
     if not isinstance(op, dict):
         raise BadRequest(f"{where or 'body'}: must be an object", code="bad_body")
+    if nests_deeper(op, max_depth - depth + 1):
+        raise _too_deep(where.rstrip(".") or "body", max_depth)
     op_id = op.get("op_id")
     if not isinstance(op_id, str) or not op_id:
         raise BadRequest(f"{where}op_id: required, a non-empty string", code="bad_op_id")
@@ -88,10 +119,12 @@ def check_op(op: Any, table: str, key: str, *, max_op_id_bytes: int,
 
 
 def check_batch(body: Any, *, max_ops: int, max_op_id_bytes: int,
-                max_clock_skew_ms: int = 1000,
-                stale_after_ms: int | None = None) -> list[CheckedOp]:
+                max_clock_skew_ms: int = 1000, stale_after_ms: int | None = None,
+                max_depth: int = 8) -> list[CheckedOp]:
     if not isinstance(body, dict) or not isinstance(body.get("ops"), list):
         raise BadRequest('body: must be {"ops": [...]}', code="bad_body")
+    if len(body) > 1 and nests_deeper({k: v for k, v in body.items() if k != "ops"}, max_depth):
+        raise _too_deep("body", max_depth)
     ops = body["ops"]
     if len(ops) > max_ops:
         raise BadRequest(f"ops: at most {max_ops} ops per batch, got {len(ops)}",
@@ -109,12 +142,12 @@ def check_batch(body: Any, *, max_ops: int, max_op_id_bytes: int,
                 out.append((table, key, op_id, delta, 1, 0))
                 continue
         out.append(_check_batch_op(op, len(out), max_op_id_bytes, max_clock_skew_ms,
-                                   stale_after_ms))
+                                   stale_after_ms, max_depth))
     return out
 
 
 def _check_batch_op(op: Any, i: int, max_op_id_bytes: int, skew_ms: int,
-                    stale_after_ms: int | None) -> CheckedOp:
+                    stale_after_ms: int | None, max_depth: int) -> CheckedOp:
     where = f"ops[{i}]."
     if not isinstance(op, dict):
         raise BadRequest(f"ops[{i}]: must be an object", code="bad_body")
@@ -124,7 +157,8 @@ def _check_batch_op(op: Any, i: int, max_op_id_bytes: int, skew_ms: int,
     if not isinstance(key, str) or not _ok_name(key):
         raise _bad(where, "key")
     return check_op(op, table, key, max_op_id_bytes=max_op_id_bytes, where=where,
-                    max_clock_skew_ms=skew_ms, stale_after_ms=stale_after_ms)
+                    max_clock_skew_ms=skew_ms, stale_after_ms=stale_after_ms,
+                    max_depth=max_depth, depth=3)
 
 
 _known_names: set[str] = set()  # names already checked: a set lookup beats the regex

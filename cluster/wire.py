@@ -3,8 +3,13 @@
 A peer connection opens with ``MAGIC`` (an HTTP request never starts with a NUL byte, which is
 how one listening port serves both HTTP clients and peers), then frames flow both ways:
 
-    frame   = length:uint32 BE | flags:uint8 | payload (msgpack [kind, req_id, body]) [| mac]
-    flags   = 0 today; bit 0 is reserved for an HMAC trailer over the payload (issue 7)
+    frame   = length:uint32 BE | flags:uint8 | payload (msgpack [kind, req_id, body])
+              [| seq:uint64 BE | mac:32 bytes]        (when flags bit 0 is set)
+    flags   = 0: unsigned (a cluster without a secret); 1: signed, see ``cluster.auth``
+
+On a cluster with a secret every frame is signed and the first one each way opens the
+connection (a signed HELLO); until the HELLO checks out, a frame may be at most
+``MAX_HELLO_BYTES``, so an unauthenticated connection cannot make a node buffer much.
 
 Requests carry a list of items in ``body``; the answer to ``req_id`` is a ``REPLY`` whose body
 is a list aligned with the request's items (or one value for all of them), or an ``ERROR``.
@@ -13,21 +18,24 @@ is a list aligned with the request's items (or one value for all of them), or an
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from enum import IntEnum
 from typing import Any
 
 import msgpack
 
+from cluster.auth import FLAG_SIGNED, TRAILER_BYTES, AuthError, Signer, Verifier
 from cluster.errors import PeerError
 
 MAGIC = b"\x00IDC1\n"
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct(">IB")
 MAX_FRAME_BYTES = 256 << 20
+MAX_HELLO_BYTES = 4096
 
 
 class Kind(IntEnum):
-    HELLO = 0  # body: {"node": id, "version": 1}
+    HELLO = 0  # body: {"node": id, "to": id, "version": 1[, "nonce": bytes, "ts_ms": int]}
     FORWARD = 1  # body: [[table, key, op_id, delta, attempt, sent_ms], ...] -> [status, ...]
     REPLICATE = 2  # body: [[op_id, table, key, origin, p, n, delta, ts], ...] -> None once durable
     READ = 3  # body: [[table, key], ...] -> [{origin: [p, n]}, ...]
@@ -54,18 +62,38 @@ class Status(IntEnum):
 _pack = msgpack.Packer(use_bin_type=True).pack
 
 
-def encode_frame(kind: int, req_id: int, body: Any, flags: int = 0) -> bytes:
+def encode_frame(kind: int, req_id: int, body: Any, signer: Signer | None = None) -> bytes:
     payload = _pack([kind, req_id, body])
-    return HEADER.pack(len(payload), flags) + payload
+    if signer is None:
+        return HEADER.pack(len(payload), 0) + payload
+    signed = HEADER.pack(len(payload), FLAG_SIGNED) + payload
+    return signed + signer.trailer(signed)
+
+
+Accept = Callable[[Any, bytes, bytes], Verifier]  # (HELLO body, signed part, trailer) -> verifier
 
 
 class FrameDecoder:
-    """Incremental decoder: ``feed`` bytes, get back the complete frames they finish."""
+    """Incremental decoder: ``feed`` bytes, get back the complete frames they finish.
 
-    __slots__ = ("_buf",)
+    ``FrameDecoder()`` takes unsigned frames only. ``FrameDecoder(verifier=v)`` takes signed
+    frames only and checks each with ``v``. ``FrameDecoder(accept=f)`` is a listener's decoder on
+    an authenticated cluster: its first frame must be a signed HELLO, which ``f`` checks and
+    answers with the verifier for the rest. Refused frames raise ``AuthError`` (the connection
+    must close); a replayed frame is dropped and counted in ``dropped``.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_buf", "_verifier", "_accept", "dropped")
+
+    def __init__(self, *, verifier: Verifier | None = None, accept: Accept | None = None) -> None:
         self._buf = bytearray()
+        self._verifier = verifier
+        self._accept = accept
+        self.dropped = 0
+
+    @property
+    def signed(self) -> bool:
+        return self._verifier is not None or self._accept is not None
 
     def feed(self, data: bytes) -> list[tuple[int, int, Any]]:
         buf = self._buf
@@ -74,19 +102,56 @@ class FrameDecoder:
         pos = 0
         hsize = HEADER.size
         end = len(buf)
+        signed = self.signed
         while end - pos >= hsize:
             length, flags = HEADER.unpack_from(buf, pos)
-            if length > MAX_FRAME_BYTES or flags != 0:
-                raise PeerError(f"bad frame header: length={length} flags={flags}")
-            if end - pos - hsize < length:
-                break
+            if flags != (FLAG_SIGNED if signed else 0):
+                del buf[:pos]
+                raise _flags_error(flags, signed)
+            limit = MAX_FRAME_BYTES if self._accept is None else MAX_HELLO_BYTES
+            if length > limit:
+                raise PeerError(f"bad frame header: length={length} (at most {limit})")
             start = pos + hsize
-            try:
-                kind, req_id, body = msgpack.unpackb(buf[start : start + length], raw=False)
-            except (ValueError, TypeError, msgpack.UnpackException) as exc:
-                raise PeerError(f"undecodable frame: {exc}") from exc
-            frames.append((kind, req_id, body))
-            pos = start + length
+            stop = start + length
+            if end - stop < (TRAILER_BYTES if signed else 0):
+                break
+            payload = buf[start:stop]
+            if signed:
+                head, trailer = bytes(buf[pos:stop]), bytes(buf[stop:stop + TRAILER_BYTES])
+                pos = stop + TRAILER_BYTES
+                if self._accept is None:
+                    assert self._verifier is not None
+                    if not self._verifier.check(head, trailer):
+                        self.dropped += 1
+                        continue
+                    frames.append(_decode(payload))
+                else:  # the connection's first frame: a HELLO that names its keys
+                    frame = _decode(payload)
+                    if frame[0] != Kind.HELLO:
+                        raise AuthError("bad_hello", f"first frame is kind {frame[0]}, not HELLO")
+                    self._verifier = self._accept(frame[2], head, trailer)
+                    self._accept = None
+                    frames.append(frame)
+            else:
+                pos = stop
+                frames.append(_decode(payload))
         if pos:
             del buf[:pos]
         return frames
+
+
+def _decode(payload: bytearray) -> tuple[int, int, Any]:
+    try:
+        kind, req_id, body = msgpack.unpackb(payload, raw=False)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise PeerError(f"undecodable frame: {exc}") from exc
+    return kind, req_id, body
+
+
+def _flags_error(flags: int, signed: bool) -> PeerError:
+    if flags == FLAG_SIGNED:
+        return AuthError("unexpected_signature",
+                         "peer signs its frames but this node has no cluster secret")
+    if flags == 0 and signed:
+        return AuthError("unsigned", "unsigned frame on a cluster with a secret")
+    return PeerError(f"bad frame header: flags={flags}")

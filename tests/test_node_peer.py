@@ -10,8 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cluster.errors import PeerError
+from cluster.listener import Listener
 from cluster.node import quorum_future
-from cluster.peer import PeerLink, PortMux
+from cluster.peer import PeerLink
 from cluster.wire import HEADER, FrameDecoder, Kind, encode_frame
 
 pytestmark = pytest.mark.timeout(30)
@@ -35,7 +36,7 @@ def test_bad_frames_raise_peer_error() -> None:
     with pytest.raises(PeerError):
         FrameDecoder().feed(HEADER.pack(1 << 30, 0))
     with pytest.raises(PeerError):
-        FrameDecoder().feed(HEADER.pack(3, 1) + b"abc")  # unknown flags (no MAC support yet)
+        FrameDecoder().feed(HEADER.pack(3, 1) + b"abc")  # signed, but this decoder has no key
     with pytest.raises(PeerError):
         FrameDecoder().feed(HEADER.pack(1, 0) + b"\xc1")
 
@@ -58,7 +59,7 @@ class Echo:
 async def serve(handler: Echo) -> tuple[asyncio.Server, int, set[asyncio.Protocol]]:
     loop = asyncio.get_running_loop()
     peers: set[asyncio.Protocol] = set()
-    server = await loop.create_server(lambda: PortMux(lambda: asyncio.Protocol(), handler, peers),
+    server = await loop.create_server(Listener(asyncio.Protocol, handler, peers).protocol,
                                       "127.0.0.1", 0)
     return server, server.sockets[0].getsockname()[1], peers
 
@@ -98,7 +99,7 @@ async def test_unreachable_peer_fails_fast_then_reconnects() -> None:
             await link.call(Kind.READ, ["x"])
         loop = asyncio.get_running_loop()
         server = await loop.create_server(
-            lambda: PortMux(lambda: asyncio.Protocol(), handler, peers), "127.0.0.1", port)
+            Listener(asyncio.Protocol, handler, peers).protocol, "127.0.0.1", port)
         await asyncio.sleep(0.06)
         assert await link.call(Kind.READ, ["y"]) == [["me", "y"]]
         assert link.connected
@@ -116,7 +117,7 @@ async def test_lost_connection_fails_inflight_calls() -> None:
 
     loop = asyncio.get_running_loop()
     peers: set[asyncio.Protocol] = set()
-    server = await loop.create_server(lambda: PortMux(lambda: asyncio.Protocol(), slow, peers),
+    server = await loop.create_server(Listener(asyncio.Protocol, slow, peers).protocol,
                                       "127.0.0.1", 0)
     link = PeerLink("me", "them", "127.0.0.1", server.sockets[0].getsockname()[1])
     try:

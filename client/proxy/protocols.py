@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from client.proxy.toxics import Toxic
+from cluster.auth import FLAG_SIGNED, TRAILER_BYTES
 from cluster.wire import HEADER, MAGIC
 
 if TYPE_CHECKING:
@@ -228,10 +229,13 @@ async def _frames(conn: Connection, reader: asyncio.StreamReader, pipe: Pipe,
             await pipe.finish()
             return
         length, flags = HEADER.unpack(header)
-        if flags != 0:  # a trailer format this proxy does not know: stop framing
+        if flags not in (0, FLAG_SIGNED):  # a trailer format this proxy does not know
             await pipe.send(header)
             return await _pump(reader, pipe)
-        frame = header + await reader.readexactly(length)
+        # A signed frame carries seq and MAC after its payload (cluster.auth): the proxy cannot
+        # forge one, but it can drop, delay, reorder or repeat it like any network can.
+        frame = header + await reader.readexactly(
+            length + (TRAILER_BYTES if flags == FLAG_SIGNED else 0))
         counters[f"messages_{direction}"] += 1
         verdict = await _apply(conn, direction, frame, pipe.send, pipe.send_nowait)
         if verdict == "close":
