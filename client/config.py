@@ -31,6 +31,9 @@ Every field, its default and its constraint (durations are float seconds):
     send_age = True         send ``age_ms`` with every attempt, so a node refuses an op older
                             than its window (410) instead of risking a double count; off models
                             a client unaware of the window (the paper's)
+    token = None            bearer token for nodes started with ``--token-file``
+    ca_file = None          CA bundle (PEM) to check ``https://`` nodes against; None: the
+                            system's trust store
 """
 
 from __future__ import annotations
@@ -77,6 +80,8 @@ class ClientConfig:
     max_connections: int = 64
     use_msgpack: bool = True
     send_age: bool = True
+    token: str | None = None
+    ca_file: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.nodes, str) or not isinstance(self.nodes, Sequence):

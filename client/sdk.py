@@ -46,7 +46,8 @@ class CounterClient:
                              failure_backoff_interval=config.failure_backoff_interval)
         self.transport = HttpTransport(use_msgpack=config.use_msgpack,
                                        max_connections=config.max_connections,
-                                       stats=self.stats)
+                                       stats=self.stats, token=config.token,
+                                       ca_file=config.ca_file)
         self.retry = RetryLoop(self.transport, self.pool.order, self.pool.record,
                                attempt_timeout=config.attempt_timeout,
                                backoff_interval=config.backoff_interval,

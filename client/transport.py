@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -31,8 +32,11 @@ class HttpTransport:
     """One aiohttp session shared by every node; ``requests`` counts HTTP requests sent."""
 
     def __init__(self, *, use_msgpack: bool = True, max_connections: int = 64,
-                 stats: ClientStats | None = None) -> None:
+                 stats: ClientStats | None = None, token: str | None = None,
+                 ca_file: str | None = None) -> None:
         self.use_msgpack = use_msgpack
+        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
+        self.ca_file = ca_file
         self.stats = stats
         self.max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
@@ -40,8 +44,9 @@ class HttpTransport:
 
     async def start(self) -> None:
         if self._session is None:
+            tls = ssl.create_default_context(cafile=self.ca_file) if self.ca_file else True
             connector = aiohttp.TCPConnector(limit=self.max_connections, force_close=False,
-                                             enable_cleanup_closed=False)
+                                             enable_cleanup_closed=False, ssl=tls)
             self._session = aiohttp.ClientSession(
                 connector=connector, timeout=aiohttp.ClientTimeout(total=None))
 
@@ -52,9 +57,9 @@ class HttpTransport:
 
     def _encode(self, body: Any) -> tuple[bytes, dict[str, str]]:
         if self.use_msgpack:
-            return msgpack.packb(body), {"Content-Type": MSGPACK, "Accept": MSGPACK}
+            return msgpack.packb(body), {"Content-Type": MSGPACK, "Accept": MSGPACK, **self._auth}
         return (json.dumps(body, separators=(",", ":")).encode(),
-                {"Content-Type": "application/json", "Accept": "application/json"})
+                {"Content-Type": "application/json", "Accept": "application/json", **self._auth})
 
     async def request(self, method: str, url: str, body: Any = None, *,
                       timeout: float) -> tuple[int, Any]:
@@ -65,7 +70,8 @@ class HttpTransport:
         if body is not None:
             data, headers = self._encode(body)
         else:
-            data, headers = None, {"Accept": MSGPACK if self.use_msgpack else "application/json"}
+            data, headers = None, {"Accept": MSGPACK if self.use_msgpack else "application/json",
+                                   **self._auth}
         self.requests += 1
         if self.stats is not None:
             self.stats.http_requests += 1

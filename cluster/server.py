@@ -67,7 +67,10 @@ class NodeServer:
         app = make_app(self.node, Edge(listener, self.auth, tokens))
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None,
                                      shutdown_timeout=cfg.drain_timeout,
-                                     keepalive_timeout=cfg.idle_timeout)
+                                     keepalive_timeout=cfg.idle_timeout,
+                                     # after an early answer (413, 408) keep reading what the
+                                     # client still sends for at most this long, then close
+                                     lingering_time=min(cfg.body_timeout, 1.0))
         await self._runner.setup()
         loop = asyncio.get_running_loop()
         host, port = cfg.listen
