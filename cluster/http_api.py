@@ -197,7 +197,11 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def openapi(request: web.Request) -> web.Response:
-    return web.json_response(spec())
+    cfg = request.app[NODE_KEY].config
+    return web.json_response(spec(max_batch_ops=cfg.max_batch_ops,
+                                  max_op_id_bytes=cfg.max_op_id_bytes,
+                                  max_body_bytes=cfg.max_body_bytes,
+                                  token_required=bool(request.app[EDGE_KEY].tokens)))
 
 
 async def metrics(request: web.Request) -> web.Response:
