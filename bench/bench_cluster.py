@@ -1,6 +1,7 @@
 """Cluster benchmark: 3 real node processes, RF=3, W=2, fsync on; bounded in time.
 
     python -m bench.bench_cluster [--seconds 8] [--concurrency 24] [--batch 100] [--no-memory]
+                                  [--no-secret]
 
 Measures, in one run against one cluster:
   1. /v1/batch throughput (``--batch`` ops a request): ops/s, request p50/p99;
@@ -238,9 +239,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     if not args.fsync:
         extra.append("--no-fsync")
     results: dict[str, Any] = {"config": {"nodes": 3, "rf": 3, "write_quorum": 2,
-                                          "fsync": args.fsync, "cores": os.cpu_count()}}
+                                          "fsync": args.fsync, "secret": args.secret,
+                                          "cores": os.cpu_count()}}
     phases = set(args.phases.split(","))
-    async with LocalCluster(3, rf=3, extra_args=extra) as cluster:
+    async with LocalCluster(3, rf=3, extra_args=extra, secret=args.secret) as cluster:
         load = Load(cluster, args.keys, f"bench{os.getpid()}")
         await single_phase(load, args, ["fbf_t"], 8)  # warm up connections and tables
         if "batch" in phases:
@@ -276,8 +278,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.bench_cluster")
+    ap.add_argument("--quick", action="store_true",
+                    help="2 s phases, no 1M-counter load, no memory phase (smoke run)")
     ap.add_argument("--seconds", type=float, default=8.0, help="per phase")
     ap.add_argument("--concurrency", type=int, default=24)
     ap.add_argument("--compare-concurrency", type=int, default=8)
@@ -285,6 +289,8 @@ def main() -> None:
     ap.add_argument("--keys", type=int, default=10_000)
     ap.add_argument("--fsync", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--secret", action=argparse.BooleanOptionalAction, default=True,
+                    help="peers sign every frame (HMAC-SHA256); --no-secret to compare")
     ap.add_argument("--live-counters", type=int, default=1_000_000,
                     help="distinct counters to load into the live cluster (0: skip)")
     ap.add_argument("--phases", default="batch,routed,single,compare,live,memory",
@@ -292,7 +298,9 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--node-args", nargs=argparse.REMAINDER, default=[],
                     help="extra flags for every node, e.g. --node-args --max-inflight-frames 2")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.seconds, args.live_counters, args.memory = min(args.seconds, 2.0), 0, False
     try:
         import uvloop
 
@@ -302,7 +310,8 @@ def main() -> None:
     print(json.dumps(results, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

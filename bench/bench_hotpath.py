@@ -197,13 +197,16 @@ def bench_append(sizes: list[int], seconds: float) -> dict[str, dict[int, float]
     return rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="0.05 s cells (smoke run)")
     ap.add_argument("--seconds", type=float, default=0.3, help="per cell")
     ap.add_argument("--sizes", default="1,10,100")
     ap.add_argument("--only", default="dedup,records,append")
     ap.add_argument("--json", default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.seconds = min(args.seconds, 0.05)
     sizes = [int(s) for s in args.sizes.split(",")]
     only = set(args.only.split(","))
     rows: dict[str, dict[int, float]] = {}
@@ -219,7 +222,8 @@ def main() -> None:
         print(f"{name:<{width}}" + "".join(f"{cells.get(b, float('nan')):>12.2f}" for b in sizes))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
