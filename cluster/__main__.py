@@ -20,6 +20,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--rf", type=int, default=3)
     up.add_argument("--base-port", type=int, default=7101)
     up.add_argument("--data-dir", default=None, help="default: a fresh temporary directory")
+    up.add_argument("--no-secret", dest="secret", action="store_false",
+                    help="run peers unauthenticated (by default a random cluster secret is "
+                         "written to DATA_DIR/cluster.secret and every frame is signed)")
     up.add_argument("node_args", nargs=argparse.REMAINDER,
                     help="after --, extra flags for every node (e.g. -- --dedup exact)")
     return ap
@@ -28,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
 async def up(args: argparse.Namespace) -> int:
     extra = [a for a in args.node_args if a != "--"]
     cluster = LocalCluster(args.nodes, rf=args.rf, base_port=args.base_port,
-                           data_dir=args.data_dir, extra_args=extra)
+                           data_dir=args.data_dir, extra_args=extra, secret=args.secret)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -36,6 +39,8 @@ async def up(args: argparse.Namespace) -> int:
     await cluster.start()
     try:
         print(f"cluster up: {len(cluster.nodes)} nodes, rf={args.rf}, data in {cluster.data_dir}")
+        if cluster.secret_file is not None:
+            print(f"  peers sign every frame with the secret in {cluster.secret_file}")
         for node in cluster.nodes.values():
             print(f"  {node.id}  {node.url}   (log: {node.log_path})")
         print("Ctrl-C to stop", flush=True)
