@@ -9,9 +9,10 @@ one forged REPLICATE or REPAIR frame would set a counter to any value. With a cl
 * Its first frame is a HELLO ``{node, to, version, nonce, ts_ms}``, signed with the dialer's key.
   The listener reads the nonce from it, derives the same keys and checks the MAC: only a secret
   holder can sign it. It also checks that ``to`` is itself (a HELLO recorded on the way to
-  another node is no use here), that ``ts_ms`` is within ``skew`` of its own clock, and that it
-  has not seen the nonce within the last ``2 * skew`` (a recorded connection replayed whole is
-  refused). No extra round trip: the dialer sends its first requests right behind the HELLO.
+  another node is no use here), that ``ts_ms`` is within ``skew`` of its own clock and not
+  before this process started, and that it has not seen the nonce within the last
+  ``2 * skew`` (a recorded connection replayed whole is refused, before a restart or after).
+  No extra round trip: the dialer sends its first requests right behind the HELLO.
 * Every frame after that, both ways, carries ``seq:uint64 | mac:32`` after its payload, with
   ``mac = HMAC(k, header | payload | seq)`` and ``seq`` strictly increasing per direction. A frame
   whose seq is not above the last one accepted is a replay inside the connection: it is dropped.
@@ -159,6 +160,9 @@ class PeerAuth:
         self.clock = clock
         self.max_nonces = max_nonces
         self._nonces: OrderedDict[bytes, float] = OrderedDict()
+        # The nonce memory dies with the process: a HELLO from before this process started
+        # could be a recorded one that a previous incarnation already accepted.
+        self.started = clock()
         self.rejected: Counter[str] = Counter()
         self.accepted = 0
         self._last_logged: dict[str, float] = {}
@@ -204,6 +208,8 @@ class PeerAuth:
         if abs(now - ts_ms / 1000.0) > self.skew:
             raise AuthError("stale_hello", f"HELLO clock {ts_ms} ms is more than {self.skew:g} s "
                                            "from ours")
+        if ts_ms < int(self.started * 1000):
+            raise AuthError("stale_hello", "HELLO made before this process started")
         self._remember(nonce, now)
         self.accepted += 1
         return dialer, Signer(_key(self.secret, _LISTEN, nonce, dialer, to)), verifier

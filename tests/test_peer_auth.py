@@ -106,6 +106,22 @@ def test_hello_for_another_node_or_too_old_is_refused() -> None:
     assert err.value.reason == "stale_hello"
 
 
+def test_a_hello_from_before_a_restart_is_refused() -> None:
+    """The nonce memory dies with the process: a connection recorded before a restart must not
+    be accepted by the new process, even inside the skew."""
+    clock = Clock()
+    a, b = _pair(clock=clock)
+    data, _, _ = _connection(a, FRAMES)
+    assert len(_listener(b)[0].feed(data)) == 1 + len(FRAMES)
+    clock.now += 2.0
+    restarted = PeerAuth("n2", SECRET, clock=clock)
+    with pytest.raises(AuthError) as err:
+        _listener(restarted)[0].feed(data)
+    assert err.value.reason == "stale_hello"
+    fresh, _, _ = _connection(a, FRAMES)
+    assert len(_listener(restarted)[0].feed(fresh)) == 1 + len(FRAMES)
+
+
 def test_a_frame_repeated_inside_a_connection_is_dropped() -> None:
     a, b = _pair()
     hello_and_one, signer, _ = _connection(a, FRAMES[:1])
