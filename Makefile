@@ -30,5 +30,15 @@ bench: $(STAMP)
 figures: $(STAMP)
 	$(BIN)/python -m bench.figures --out docs/figures
 
+# The cluster secret of compose/ (peer authentication; compose/README.md): a random line, mode
+# 600, created only if missing (delete the file first to rotate it); .gitignore keeps it out of git.
+.PHONY: compose-secret
+compose-secret: compose/cluster_secret
+
+compose/cluster_secret: | $(STAMP)
+	$(BIN)/python -c "from cluster.auth import write_secret; write_secret('$@')"
+	@echo "created $@ (mode 600); the nodes run as uid 10001: with a Linux engine also run" \
+		"'sudo chown 10001 $@' (compose/README.md)"
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

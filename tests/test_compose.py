@@ -9,10 +9,12 @@
    installed.
 2. Drift: the exact entrypoint + command of every service is translated by ``translate``
    (service host names and 0.0.0.0/127.0.0.1 to 127.0.0.1, each (service, port) to a free
-   local port, volume mount targets to temp dirs), started as local processes in depends_on
-   order, each waited for with its own translated healthcheck, and the chaos service's
-   command runs (shortened with later flags) until its checker says valid with equal final
-   reads. A flag that the real CLI does not know makes a process exit and the test fail.
+   local port, volume mount targets to temp dirs, each compose secret's /run/secrets path to a
+   temp file written by ``cluster.auth.write_secret``), started as local processes in
+   depends_on order, each waited for with its own translated healthcheck, and the chaos
+   service's command runs (shortened with later flags) until its checker says valid with equal
+   final reads; every node's /metrics then shows its peers authenticated with the secret. A
+   flag that the real CLI does not know makes a process exit and the test fail.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ RESTART = {"no", "always", "on-failure", "unless-stopped"}
 CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
 DURATION = re.compile(r"^(\d+(\.\d+)?(us|ms|s|m|h))+$")
 ADDR = re.compile(r"(?<![\w.-])([A-Za-z0-9][A-Za-z0-9_.-]*):(\d{1,5})(?!\d)")
+SECRETS_DIR = "/run/secrets"  # where compose mounts a service's secrets
+CLUSTER_SECRET = f"{SECRETS_DIR}/cluster_secret"
 
 
 def load(path: Path = COMPOSE) -> dict[str, Any]:
@@ -88,6 +92,20 @@ def mounts(svc: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+def secret_mounts(svc: dict[str, Any]) -> dict[str, str]:
+    """Path in the container -> compose secret, short (NAME) or long ({source, target}) syntax;
+    compose mounts a secret at /run/secrets/<target>, <target> defaulting to its name."""
+    out = {}
+    for s in svc.get("secrets", []):
+        if isinstance(s, str):
+            name, target = s, s
+        else:
+            assert isinstance(s, dict) and "source" in s, f"secret {s!r}"
+            name, target = s["source"], s.get("target", s["source"])
+        out[target if target.startswith("/") else f"{SECRETS_DIR}/{target}"] = name
+    return out
+
+
 # -- the translation from compose to local processes -----------------------------------------
 
 
@@ -98,6 +116,9 @@ class LocalPlan:
     ports: dict[tuple[str, int], int] = field(default_factory=dict)  # (service, port) -> port
     volumes: dict[str, Path] = field(default_factory=dict)  # named volume -> dir
     mounts: dict[str, dict[str, str]] = field(default_factory=dict)  # service -> target -> vol
+    secrets: dict[str, Path] = field(default_factory=dict)  # compose secret -> local file
+    # service -> path in the container -> compose secret
+    secret_mounts: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def make_plan(compose: dict[str, Any], tmp: Path, free: Iterator[int]) -> LocalPlan:
@@ -106,8 +127,11 @@ def make_plan(compose: dict[str, Any], tmp: Path, free: Iterator[int]) -> LocalP
         for port in listens(argv_of(svc)):
             plan.ports[(name, port)] = next(free)
         plan.mounts[name] = mounts(svc)
+        plan.secret_mounts[name] = secret_mounts(svc)
     for vol in compose.get("volumes") or {}:
         plan.volumes[vol] = tmp / "volumes" / vol
+    for secret in compose.get("secrets") or {}:
+        plan.secrets[secret] = tmp / "secrets" / secret
     return plan
 
 
@@ -115,7 +139,9 @@ def translate(argv: list[str], service: str, plan: LocalPlan) -> list[str]:
     """One service's argv as a local process: ``python`` is this interpreter; HOST:PORT with
     HOST a service name (or 0.0.0.0/127.0.0.1/localhost, meaning the service itself) becomes
     127.0.0.1 and that endpoint's local port; a path under a mount target moves into the named
-    volume's temp dir. A host that is no service, or a port nothing listens on, raises."""
+    volume's temp dir; the path of a secret the service is given becomes the secret's local
+    file. A host that is no service, a port nothing listens on, or a /run/secrets path the
+    service is not given (in compose: no such file), raises."""
 
     def addr(m: re.Match[str]) -> str:
         host, port = m.group(1), int(m.group(2))
@@ -134,6 +160,11 @@ def translate(argv: list[str], service: str, plan: LocalPlan) -> list[str]:
         for target, vol in plan.mounts.get(service, {}).items():
             if arg == target or arg.startswith(target + "/"):
                 arg = str(plan.volumes[vol]) + arg[len(target):]
+        if arg.startswith(SECRETS_DIR + "/"):
+            granted = plan.secret_mounts.get(service, {})
+            if arg not in granted:
+                raise ValueError(f"{service}: {arg} is no secret the service is given")
+            arg = str(plan.secrets[granted[arg]])
         out.append(ADDR.sub(addr, arg))
     return out
 
@@ -158,11 +189,12 @@ def start_order(compose: dict[str, Any], names: list[str]) -> list[str]:
 def test_translate_addresses_paths_and_python() -> None:
     compose = {"services": {
         "n1": {"command": ["python", "-m", "x", "--listen", "0.0.0.0:7101"],
-               "volumes": ["n1-data:/data"]},
-        "n2": {"command": ["python", "--listen", "0.0.0.0:7101"]},
+               "volumes": ["n1-data:/data"], "secrets": ["s"]},
+        "n2": {"command": ["python", "--listen", "0.0.0.0:7101"],
+               "secrets": [{"source": "s", "target": "other"}]},
         "p": {"command": ["python", "--control", "0.0.0.0:8474",
                           "--proxy", "n1=0.0.0.0:9101:n1:7101:http"]}},
-        "volumes": {"n1-data": None}}
+        "volumes": {"n1-data": None}, "secrets": {"s": {"file": "./s"}}}
     plan = make_plan(compose, Path("/t"), iter(range(20001, 20100)))
     assert plan.ports == {("n1", 7101): 20001, ("n2", 7101): 20002, ("p", 8474): 20003,
                           ("p", 9101): 20004}
@@ -186,6 +218,14 @@ def test_translate_addresses_paths_and_python() -> None:
         translate(["n2:7102"], "n1", plan)
     with pytest.raises(ValueError, match="nothing listens on n2:9999"):
         translate(["127.0.0.1:9999"], "n2", plan)
+    assert translate(["--secret-file", "/run/secrets/s"], "n1", plan) == [
+        "--secret-file", "/t/secrets/s"]
+    assert translate(["--secret-file", "/run/secrets/other"], "n2", plan) == [
+        "--secret-file", "/t/secrets/s"]
+    with pytest.raises(ValueError, match="no secret the service is given"):
+        translate(["--secret-file", "/run/secrets/s"], "n2", plan)
+    with pytest.raises(ValueError, match="no secret the service is given"):
+        translate(["--secret-file", "/run/secrets/s"], "p", plan)
     assert start_order({"services": {"a": {"depends_on": {"b": {}}}, "b": {}, "c": {}}},
                        ["a", "c"]) == ["b", "a", "c"]
 
@@ -214,6 +254,8 @@ def test_compose_services_follow_the_spec() -> None:
     services = compose["services"]
     declared = set(compose.get("volumes") or {})
     used_volumes: set[str] = set()
+    declared_secrets = compose.get("secrets") or {}
+    used_secrets: set[str] = set()
     host_ports: list[str] = []
     for name, svc in services.items():
         assert set(svc) <= SERVICE_KEYS, f"{name}: unknown keys {set(svc) - SERVICE_KEYS}"
@@ -229,6 +271,10 @@ def test_compose_services_follow_the_spec() -> None:
             assert vol in declared, f"{name}: volume {vol} not declared at top level"
             assert target.startswith("/"), name
             used_volumes.add(vol)
+        for target, secret in secret_mounts(svc).items():
+            assert secret in declared_secrets, f"{name}: secret {secret} not declared"
+            assert target.startswith(SECRETS_DIR + "/"), f"{name}: {target}"
+            used_secrets.add(secret)
         for p in svc.get("ports", []):
             parts = str(p).split(":")
             assert len(parts) == 3 and parts[0] == "127.0.0.1", (
@@ -254,6 +300,11 @@ def test_compose_services_follow_the_spec() -> None:
             assert isinstance(svc["profiles"], list), name
     assert len(host_ports) == len(set(host_ports)), f"host ports reused: {sorted(host_ports)}"
     assert used_volumes == declared, f"declared but unused: {declared - used_volumes}"
+    for secret, spec in declared_secrets.items():
+        assert set(spec) == {"file"}, f"secret {secret}: a file (compose without Swarm)"
+        assert not Path(spec["file"]).is_absolute(), f"secret {secret}: relative to compose/"
+    assert used_secrets == set(declared_secrets), (
+        f"declared but unused: {set(declared_secrets) - used_secrets}")
 
 
 def test_compose_cluster_shape() -> None:
@@ -295,19 +346,41 @@ def test_compose_cluster_shape() -> None:
     assert set(chaos["depends_on"]) == set(proxies_of(compose))
 
 
-def test_secret_placeholder_enables_cleanly() -> None:
-    """The commented compose secret, once uncommented, is a valid secret on every node."""
-    text = COMPOSE.read_text()
-    assert "# secrets:" in text and "--secret-file" in text
-    enabled = re.sub(r"(?m)^(\s*)# (secrets:|  - cluster_secret|  cluster_secret:|"
-                     r"    file: \./cluster_secret)$", r"\1\2", text)
-    compose = yaml.safe_load(enabled)
+def test_every_node_authenticates_peers_with_the_cluster_secret() -> None:
+    """Every node gets the compose secret and passes its path to --secret-file; the other
+    services do not get it; the file it comes from is kept out of git."""
+    compose = load()
+    services = compose["services"]
     assert compose["secrets"] == {"cluster_secret": {"file": "./cluster_secret"}}
-    for name in nodes_of(compose):
-        assert compose["services"][name]["secrets"] == ["cluster_secret"], name
+    nodes = nodes_of(compose)
+    assert nodes
+    for name, argv in nodes.items():
+        assert services[name]["secrets"] == ["cluster_secret"], name
+        assert secret_mounts(services[name]) == {CLUSTER_SECRET: "cluster_secret"}, name
+        assert flag(argv, "--secret-file") == CLUSTER_SECRET, name
+    for name, svc in services.items():
+        if name not in nodes:
+            assert "secrets" not in svc and "--secret-file" not in argv_of(svc), (
+                f"{name} needs no cluster secret")
     help_text = subprocess.run([sys.executable, "-m", "cluster.node", "--help"],
                                capture_output=True, text=True, timeout=60, cwd=ROOT).stdout
     assert "--secret-file" in help_text
+
+
+def test_cluster_secret_file_is_never_committed() -> None:
+    """compose/cluster_secret (made by `make compose-secret`) is ignored by git, not tracked."""
+    spec = load()["secrets"]["cluster_secret"]
+    rel = (COMPOSE.parent / spec["file"]).resolve().relative_to(ROOT).as_posix()
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", rel], cwd=ROOT,
+                             capture_output=True, timeout=30)
+    if ignored.returncode == 128:
+        pytest.skip(f"not a git checkout: {ignored.stderr!r}")
+    assert ignored.returncode == 0, f"{rel} must be in .gitignore (never commit a secret)"
+    tracked = subprocess.run(["git", "ls-files", "--error-unmatch", rel], cwd=ROOT,
+                             capture_output=True, timeout=30)
+    assert tracked.returncode != 0, f"{rel} is committed"
 
 
 def test_dockerfile_builds_from_what_the_context_has() -> None:
@@ -400,6 +473,11 @@ def test_compose_commands_run_as_local_processes(tmp_path: Path) -> None:
     plan = make_plan(compose, tmp_path, _free_ports())
     for d in plan.volumes.values():
         d.mkdir(parents=True)
+    from cluster.auth import write_secret
+
+    for secret_file in plan.secrets.values():  # what `make compose-secret` makes, mode 600
+        secret_file.parent.mkdir(parents=True, exist_ok=True)
+        write_secret(secret_file)
     logs = tmp_path / "logs"
     logs.mkdir()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -440,6 +518,14 @@ def test_compose_commands_run_as_local_processes(tmp_path: Path) -> None:
             assert len(set(f["values"].values())) == 1 and f["converged"], f
             assert set(f["values"]) == set(nodes_of(compose)), f
         assert report["checker"]["acknowledged"] > 0
+        for name in nodes_of(compose):  # peers signed and checked every frame with the secret
+            port = plan.ports[(name, listens(argv_of(services[name]))[0])]
+            m = _metrics(f"http://127.0.0.1:{port}/metrics")
+            assert m["idc_peer_auth_enabled"] == 1, f"{name}: peer authentication is off"
+            assert m["idc_peer_auth_accepted_total"] > 0, f"{name}: no peer authenticated"
+            refused = {k: v for k, v in m.items()
+                       if k.startswith("idc_peer_auth_rejected_total") and v}
+            assert not refused, failure(f"{name}: peer traffic refused: {refused}")
         for name, p in procs.items():
             assert p.poll() is None, failure(f"{name} exited early with {p.returncode}")
     finally:
@@ -447,6 +533,20 @@ def test_compose_commands_run_as_local_processes(tmp_path: Path) -> None:
     for name in nodes_of(compose):
         code = procs[name].returncode
         assert code == 0, failure(f"{name}: exit {code} after SIGTERM")
+
+
+def _metrics(url: str) -> dict[str, float]:
+    """A node's /metrics as ``{name{labels}: value}`` (Prometheus text format)."""
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
 
 
 def _wait_healthy(name: str, svc: dict[str, Any], plan: LocalPlan,
