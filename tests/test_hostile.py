@@ -1,0 +1,268 @@
+"""The issue's proof: many classes of junk against a live 3-node cluster while a well-behaved
+client keeps incrementing; then its counts are exact, no junk changed a counter, every node is
+up, every HTTP junk answer is a 4xx in the contract's error shape and none is a 5xx.
+
+The nodes run with a cluster secret, a bearer token and short limits (1 s header and body
+timeouts, 16 connections per client address, 64 kB bodies, 100 ops a batch), so the slow and
+the oversized classes finish quickly. Junk connects from 127.0.0.2, the connection-cap class
+from 127.0.0.3 (both loopback), so the per-address cap keeps them apart from the good client.
+
+Where the node legitimately just closes the connection instead of answering (the class has
+``closes=True`` in ``client.hostile.REGISTRY``): requests the sender truncates, a connection
+that never says anything, bytes that are not HTTP at all, and all forged peer traffic (the
+peer protocol has no error frames for refused authentication: the connection is closed).
+
+Node bugs found by the junk are kept here as strict expected failures, each naming the file,
+the input and what happens (``NODE_BUGS``, ``SHAPE_BUGS``): the main run leaves the classes of
+``NODE_BUGS`` out (they answer 5xx or change state), and tolerates only wrong-shape answers
+from the classes of ``SHAPE_BUGS``. When a bug is fixed its test passes, which fails the
+suite (strict): then drop the class from the dict.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from cluster_util import running_cluster
+
+from client.hostile import (
+    REGISTRY,
+    Answer,
+    HostileConfig,
+    Limits,
+    Outcome,
+    error_shape,
+    expect_reject,
+    format_report,
+    main,
+    parse_metrics,
+    parse_response,
+    run_hostile,
+    try_class,
+)
+from cluster.auth import REASONS, load_secret
+from cluster.local import LocalCluster
+
+LIMITS = Limits(max_body_bytes=65536, max_batch_ops=100, header_timeout=1.0, body_timeout=1.0,
+                max_connections_per_client=16)
+TOKEN = "hostile-test-token-0123456789abcdef"
+
+SHAPE_BUGS = {
+    name: "aiohttp's HTTP parser answers malformed requests itself, below the app "
+    "(cluster/listener.py, cluster/http_api.py): 400 with a text/plain body such as "
+    "'Got more than 8190 bytes when reading' or 'Invalid method encountered', not the "
+    "contract's {\"error\": {\"code\", \"message\"}}"
+    for name in ("headers_too_long", "garbage_bytes", "malformed_framing")
+}
+
+NODE_BUGS = {
+    "op_id_lone_surrogate":
+        "cluster/validate.py check_op: len(op_id.encode()) raises UnicodeEncodeError for an op "
+        "id holding a lone surrogate (JSON '\\ud800', or the bytes ED A0 80, which json.loads "
+        "decodes with surrogatepass): 500 text/plain instead of 400 bad_op_id",
+    "batch_surrogate_fast_path":
+        "cluster/validate.py check_batch's fast path never encodes the op id, so a 4-field op "
+        "with op_id '\\ud800' reaches the leader; cluster/state.py seen_or_add_many inserts the "
+        "ids of the batch's first table into the dedup filter, then raises UnicodeEncodeError "
+        "encoding the second table's ids: 500, and the valid op of the refused batch is later "
+        "answered {\"applied\": false, \"duplicate\": true} but never counted (a lost op). "
+        "Through a coordinator, the FORWARD frame fails to encode in cluster/peer.py "
+        "PeerLink._flush and every op merged into it waits for its timeout (503)",
+    "non_utf8_token":
+        "cluster/http_api.py Edge.authorized: token.strip().encode() raises UnicodeEncodeError "
+        "for an Authorization header with bytes that are not UTF-8: 500 instead of 401",
+    "peer_idle_no_hello":
+        "cluster/listener.py PortMux cancels its sniff timer once MAGIC is seen and nothing "
+        "else bounds an inbound peer connection before its HELLO: a connection that sends "
+        "MAGIC (or a partial frame) and then nothing stays open indefinitely, and peer "
+        "connections are not counted against max_connections_per_client",
+    "counter_overflow":
+        "valid deltas (2**63-1, in range) that take one origin's p past 2**64: cluster/node.py "
+        "_apply_batch applies to the in-memory shard before cluster/wal.py refuses to encode "
+        "the record (ValueError), so the leader answers 500 with the counter already raised in "
+        "memory only; peer frames carrying the value fail to encode (OverflowError in "
+        "PeerLink._flush), reads at consistency=all answer 503 on some nodes and the values "
+        "differ between nodes and from the acknowledged sum",
+}
+
+pytestmark = [pytest.mark.timeout(180)]
+
+
+def node_args(token_file: str) -> list[str]:
+    return ["--token-file", token_file,
+            "--header-timeout", str(LIMITS.header_timeout),
+            "--body-timeout", str(LIMITS.body_timeout),
+            "--max-connections-per-client", str(LIMITS.max_connections_per_client),
+            "--max-body-bytes", str(LIMITS.max_body_bytes),
+            "--max-batch-ops", str(LIMITS.max_batch_ops)]
+
+
+def config(cluster: LocalCluster, **kw: Any) -> HostileConfig:
+    assert cluster.secret_file is not None
+    return HostileConfig(nodes=cluster.urls, secret=load_secret(cluster.secret_file),
+                         token=TOKEN, limits=LIMITS, **kw)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def main_cluster(tmp_path_factory):  # type: ignore[no-untyped-def]
+    token_file = tmp_path_factory.mktemp("hostile") / "tokens"
+    token_file.write_text(TOKEN + "\n")
+    async with running_cluster(3, rf=3, extra_args=node_args(str(token_file))) as c:
+        yield c
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def bug_cluster(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """A cluster of its own: some of the bug classes leave state behind (counter_overflow)."""
+    token_file = tmp_path_factory.mktemp("hostile-bugs") / "tokens"
+    token_file.write_text(TOKEN + "\n")
+    async with running_cluster(3, rf=3, extra_args=node_args(str(token_file))) as c:
+        yield c
+
+
+# -- the proof ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+async def test_junk_changes_nothing(main_cluster: LocalCluster) -> None:
+    started = time.monotonic()
+    report = await run_hostile(config(main_cluster, duration=16.0, skip=sorted(NODE_BUGS),
+                                      good_rate=80.0, concurrency=6, seed=20261122))
+    elapsed = time.monotonic() - started
+    print(format_report(report))
+    print(f"hostile run: {elapsed:.1f}s")
+    classes = report["classes"]
+
+    # scale: every class ran (secret and token given), several rounds
+    assert report["classes_tried"] == len(REGISTRY) - len(NODE_BUGS) >= 25
+    assert report["classes_skipped"] == 0
+    assert report["rounds"] >= 2
+    assert report["junk_requests"] >= 300 * report["rounds"]
+
+    # the well-behaved client's counts are exact on every node
+    good = report["good"]
+    assert good["acked_ops"] > 100
+    assert good["unknown_ops"] == 0 and good["not_applied_ops"] == 0, good["errors"]
+    assert good["exact"], good["keys"]
+    for key in good["keys"].values():
+        assert key["values"] == [key["acked"]] * len(main_cluster.nodes)
+
+    # no junk changed a counter; every node up
+    assert report["junk"]["ok"], report["junk"]["nonzero"]
+    assert report["junk"]["keys_checked"] >= 40
+    assert all(n["up"] for n in report["health"].values()), report["health"]
+    assert all(n.running for n in main_cluster.nodes.values())
+
+    # every class met its expectations; the parser-level classes fail only on the shape
+    for name, row in classes.items():
+        if name in SHAPE_BUGS:
+            assert set(row["failure_kinds"]) <= {"shape"}, (name, row["failures"])
+        else:
+            assert row["ok"], (name, row["failures"])
+    # no 5xx at all, and every answer to HTTP body/value junk is a 4xx
+    for name, row in classes.items():
+        assert "5xx" not in row["failure_kinds"], (name, row["failures"])
+        assert not [s for s in row["seen"] if s[:1] == "5"], (name, row["seen"])
+        if row["group"] == "http":
+            assert all(s.isdigit() and 400 <= int(s) < 500 for s in row["seen"]), (name, row)
+    assert all(p.split()[1].rstrip(":") in SHAPE_BUGS for p in report["problems"]), \
+        report["problems"]
+
+    # the node counted what it refused, by reason
+    m = report["metrics"]
+    assert m["scraped"] and not m["missing_reasons"], m
+    for reason in ("unsigned", "bad_mac", "replay", "bad_hello", "stale_hello", "wrong_node",
+                   "replayed_hello", "bad_frame"):
+        assert reason in REASONS
+        assert m["peer_auth_rejected"].get(reason, 0) > 0, (reason, m["peer_auth_rejected"])
+    for reason in ("header_timeout", "too_many_connections"):
+        assert m["http_refused"].get(reason, 0) > 0, (reason, m["http_refused"])
+    assert m["unauthorized"] > 0 and m["bad_requests"] > 0
+    assert elapsed < 60.0
+
+
+# -- node bugs the junk found (strict: a fix makes these fail until the entry is removed) -------
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=r))
+                                  for n, r in SHAPE_BUGS.items()])
+async def test_parser_level_errors_have_the_contract_shape(main_cluster: LocalCluster,
+                                                           name: str) -> None:
+    out = await try_class(config(main_cluster), name)
+    assert out.ok, [str(f) for f in out.failures]
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=r))
+                                  for n, r in NODE_BUGS.items()])
+async def test_node_bug(bug_cluster: LocalCluster, name: str) -> None:
+    out = await try_class(config(bug_cluster), name)
+    assert out.ok, [str(f) for f in out.failures]
+    assert all(n.running for n in bug_cluster.nodes.values())
+
+
+# -- units ---------------------------------------------------------------------------------------
+
+
+def test_registry() -> None:
+    assert len(REGISTRY) >= 25
+    groups = {c.group for c in REGISTRY.values()}
+    assert groups == {"http", "conn", "peer"}
+    assert all(c.doc for c in REGISTRY.values())
+    assert set(NODE_BUGS) | set(SHAPE_BUGS) <= set(REGISTRY)
+
+
+def test_parse_response() -> None:
+    raw = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
+           b"Content-Length: 40\r\n\r\n"
+           b'{"error":{"code":"bad_x","message":"m"}}')
+    status, headers, body, used = parse_response(raw + b"HTTP/1.1 200 OK")
+    assert (status, used) == (400, len(raw))
+    assert error_shape(headers["content-type"], body) == {"code": "bad_x", "message": "m"}
+    chunked = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+    assert parse_response(chunked)[2] == b"abc"
+    assert parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nabc")[0] is None
+    assert error_shape("text/plain", b'{"error":{"code":"x","message":"m"}}') is None
+    assert error_shape("application/json", b'{"error":{"code":"","message":"m"}}') is None
+
+
+def test_expect_reject() -> None:
+    out = Outcome()
+    ok = Answer(400, {"content-type": "application/json"},
+                b'{"error":{"code":"bad_delta","message":"m"}}')
+    expect_reject(out, "ok", ok, (400,), ("bad_delta",))
+    assert out.ok and out.seen["400"] == 1
+    expect_reject(out, "plain", Answer(400, {"content-type": "text/plain"}, b"Bad"), (400,))
+    expect_reject(out, "5xx", Answer(500, {"content-type": "text/plain"}, b"oops"), (400,))
+    expect_reject(out, "code", ok, (400,), ("bad_op_id",))
+    expect_reject(out, "closed", Answer(end="closed"), (400,))
+    expect_reject(out, "closed ok", Answer(end="closed"), (400,), may_close=True)
+    expect_reject(out, "open", Answer(end="open"), (400,), may_close=True)
+    assert dict(out.failure_kinds) == {"shape": 1, "5xx": 1, "code": 1, "status": 2}
+
+
+def test_parse_metrics() -> None:
+    text = ('# HELP idc_peer_auth_rejected_total x\n'
+            'idc_peer_auth_rejected_total{reason="bad_mac"} 3\n'
+            'idc_http_refused_total{reason="header_timeout"} 2.0\n'
+            'idc_unauthorized_total 7\nidc_other_total 1\n')
+    assert parse_metrics(text) == {"idc_peer_auth_rejected_total{bad_mac}": 3.0,
+                                   "idc_http_refused_total{header_timeout}": 2.0,
+                                   "idc_unauthorized_total": 7.0}
+
+
+def test_cli_help_and_list(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    assert "--secret-file" in capsys.readouterr().out
+    assert main(["--list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert len(listed) == len(REGISTRY)
