@@ -7,6 +7,8 @@ import asyncio
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -165,17 +167,21 @@ async def cluster():  # type: ignore[no-untyped-def]
 
 
 def _fuzz_operation(op: schemathesis.APIOperation, mode: GenerationMode, examples: int,
-                    base: str, session: requests.Session) -> Counter[int]:
+                    base: str, session: requests.Session, headers: dict[str, str] | None = None,
+                    expect: Callable[[schemathesis.Response], None] | None = None) -> Counter[int]:
+    """One bounded, derandomized schemathesis run of ``op``; the statuses it got."""
     statuses: Counter[int] = Counter()
 
     @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
               phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
     @given(case=op.as_strategy(generation_mode=mode))
     def check(case: schemathesis.Case) -> None:
-        response = case.call(base_url=base, session=session, timeout=15)
+        response = case.call(base_url=base, session=session, headers=headers, timeout=15)
         statuses[response.status_code] += 1
         assert response.status_code < 500 or response.status_code == 503, (
             f"{case.method} {case.formatted_path}: {response.status_code} {response.text[:500]}")
+        if expect is not None:
+            expect(response)
         case.validate_response(response, checks=CHECKS)
 
     check()
@@ -238,9 +244,6 @@ async def test_schemathesis_finds_nothing_and_the_cluster_stays_healthy(
 
 @pytest.mark.slow
 @pytest.mark.asyncio(loop_scope="module")
-@pytest.mark.xfail(strict=True, reason="http_api.openapi serves spec() without the node's "
-                   "limits: pass max_batch_ops, max_op_id_bytes, max_body_bytes (and "
-                   "token_required) from the node's config, then drop this marker")
 async def test_served_document_states_the_node_limits(cluster: LocalCluster) -> None:
     client = Client()
     try:
@@ -249,6 +252,49 @@ async def test_served_document_states_the_node_limits(cluster: LocalCluster) -> 
         await client.close()
     assert status == 200
     assert doc == spec(**LIMITS)
+
+
+def _fuzz_with_token(base: str, token: str) -> dict[str, Counter[int]]:
+    """Positive cases without a token, with a wrong one and with the right one: 401 exactly
+    where the document says a token is needed."""
+    seen: dict[str, Counter[int]] = {}
+    with requests.Session() as session:
+        doc = session.get(f"{base}/v1/openapi.json", timeout=10).json()
+        assert doc == spec(token_required=True)
+        schema = schemathesis.openapi.from_dict(doc)
+        for result in schema.get_all_operations():
+            op = result.ok()
+            needs_token = doc["paths"][op.path][op.method.lower()].get("security") != []
+            for name, sent in (("no token", None), ("wrong token", "x" * 32), ("token", token)):
+                refused = needs_token and sent != token
+
+                def expect(response: schemathesis.Response, refused: bool = refused) -> None:
+                    assert (response.status_code == 401) == refused, response.request.url
+                    if refused:  # schemathesis: lowercase names, a list of values each
+                        assert response.headers["www-authenticate"][0].startswith("Bearer")
+
+                seen[f"{op.label} {name}"] = _fuzz_operation(
+                    op, GenerationMode.POSITIVE, TOKEN_EXAMPLES, base, session,
+                    headers={"Authorization": f"Bearer {sent}"} if sent else None,
+                    expect=expect)
+    return seen
+
+
+TOKEN_EXAMPLES = 8
+
+
+@pytest.mark.slow
+async def test_with_a_token_every_closed_operation_answers_401_as_documented(
+        tmp_path: Path) -> None:
+    token = "t0ken-" + "a" * 26
+    token_file = tmp_path / "tokens"
+    token_file.write_text(f"{token}\n")
+    async with running_cluster(2, rf=2, extra_args=["--no-fsync",
+                                                    f"--token-file={token_file}"]) as c:
+        seen = await asyncio.to_thread(_fuzz_with_token, c.urls[0], token)
+    assert seen["POST /v1/counters/{table}/{key} token"][200] > 0, seen
+    assert set(seen["GET /metrics no token"]) == {401}, seen
+    assert set(seen["GET /v1/health no token"]) == {200}, seen
 
 
 @pytest.mark.slow
