@@ -99,7 +99,11 @@ def check_op(op: Any, table: str, key: str, *, max_op_id_bytes: int,
     op_id = op.get("op_id")
     if not isinstance(op_id, str) or not op_id:
         raise BadRequest(f"{where}op_id: required, a non-empty string", code="bad_op_id")
-    if len(op_id) > max_op_id_bytes or len(op_id.encode()) > max_op_id_bytes:
+    try:
+        too_long = len(op_id) > max_op_id_bytes or len(op_id.encode()) > max_op_id_bytes
+    except UnicodeEncodeError as exc:  # a lone surrogate ("\ud800" in JSON) has no UTF-8
+        raise BadRequest(f"{where}op_id: not encodable as UTF-8", code="bad_op_id") from exc
+    if too_long:
         raise BadRequest(f"{where}op_id: longer than {max_op_id_bytes} bytes", code="bad_op_id")
     delta = op.get("delta")
     if type(delta) is not int or not INT64_MIN <= delta <= INT64_MAX:
@@ -130,14 +134,15 @@ def check_batch(body: Any, *, max_ops: int, max_op_id_bytes: int,
         raise BadRequest(f"ops: at most {max_ops} ops per batch, got {len(ops)}",
                          code="batch_too_large")
     out: list[CheckedOp] = []
-    known, safe_chars = _known_names, max_op_id_bytes // 4  # UTF-8: at most 4 bytes a char
+    known = _known_names
     for op in ops:
         # fast path: the common shape, every check inline; anything else takes the full check
         if type(op) is dict and len(op) == 4:
             table, key, op_id, delta = op.get("table"), op.get("key"), op.get("op_id"), op.get(
                 "delta")
             if (type(table) is str and table in known and type(key) is str and key in known
-                    and type(op_id) is str and 0 < len(op_id) <= safe_chars
+                    and type(op_id) is str and op_id.isascii()  # ASCII: a char a byte
+                    and 0 < len(op_id) <= max_op_id_bytes
                     and type(delta) is int and INT64_MIN <= delta <= INT64_MAX):
                 out.append((table, key, op_id, delta, 1, 0))
                 continue

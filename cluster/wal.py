@@ -248,9 +248,22 @@ def _pack_columns(columns: Sequence[Any], count: int, pack: Callable[[Any], byte
     return _pack_columns(lo, half, pack) + _pack_columns(hi, count - half, pack)
 
 
+# The type each field must have after decoding (ts: an int is fine too, msgpack keeps 0.0).
+_FIELD_TYPES = (int, str, str, str, int, str, int, int, float)
+_TYPE_OK: tuple[frozenset[type], ...] = tuple(
+    frozenset({t, int}) if t is float else frozenset({t}) for t in _FIELD_TYPES)
+
+
 def _decode_payload(obj: Any) -> list[LogRecord]:
-    """The records of one unpacked frame payload (either format); ValueError if it is none."""
+    """The records of one unpacked frame payload (either format); ValueError if it is none:
+    wrong shape, or a field of the wrong type (a foreign file, or bytes that merely look like a
+    frame), so nothing replays that was never written."""
+    if type(obj) is not tuple:
+        raise ValueError(f"not a log record payload ({type(obj).__name__})")
     if len(obj) == 9:
+        for value, ok in zip(obj, _TYPE_OK, strict=True):
+            if type(value) not in ok:
+                raise ValueError(f"log record field of type {type(value).__name__}")
         return [LogRecord(*obj)]
     if len(obj) != 10 or obj[0] != _COLUMNAR:
         raise ValueError(f"not a log record payload (array of {len(obj)})")
@@ -259,12 +272,16 @@ def _decode_payload(obj: Any) -> list[LogRecord]:
         raise ValueError("columnar frame without an op_id array")
     count = len(op_ids)
     cols: list[Any] = []
-    for col in obj[1:]:
+    for col, ok in zip(obj[1:], _TYPE_OK, strict=True):
         if type(col) is tuple:
             if len(col) != count:
                 raise ValueError("columnar frame with columns of different lengths")
+            if not set(map(type, col)) <= ok:  # C speed: a set of the types present
+                raise ValueError("columnar frame with a field of the wrong type")
             cols.append(col)
         else:
+            if type(col) not in ok:
+                raise ValueError(f"columnar frame field of type {type(col).__name__}")
             cols.append(repeat(col, count))
     return list(map(_make_record, zip(*cols, strict=True)))
 
@@ -300,6 +317,26 @@ def _scan(buf: bytes) -> int:
             return off
         off = end
     return off
+
+
+def _find_later_record(buf: bytes, bad: int) -> int | None:
+    """In the segment holding the bad frame at ``bad``: the offset of a valid record after it,
+    which makes the bad frame corruption rather than a torn tail; None when there is none.
+
+    A frame whose declared length runs past the segment's end is what a crash mid-write
+    leaves. Its bytes hold client data (an op id can carry any bytes, a valid-looking frame
+    included), so a frame found inside them counts only when valid records run on from it to
+    the segment's very end, as the records after a damaged length field do."""
+    length = _FRAME.unpack_from(buf, bad)[0] if len(buf) - bad >= _FRAME.size else 0
+    torn_end = bad + _FRAME.size + length
+    if not (0 < length <= MAX_RECORD_BYTES and torn_end > len(buf)):
+        torn_end = bad  # not a frame cut short: any valid record after it is evidence
+    start = bad + 1
+    while (found := _find_record(buf, start)) is not None:
+        if found >= torn_end or found + _scan(buf[found:]) == len(buf):
+            return found
+        start = found + 1
+    return None
 
 
 def _find_record(buf: bytes, start: int) -> int | None:
@@ -442,8 +479,11 @@ def _recover(directory: Path, fsync: bool) -> _Recovered:
     expected = range(first, max(live, default=first - 1) + 1)
     if snap_seq and not live:
         expected = range(first, first + 1)  # the rotation creates it before the snapshot exists
-    if missing := sorted(set(expected) - set(live)):
-        raise LogCorruptError(directory / _segment_name(missing[0]), 0, "segment missing")
+    # live is sorted and within expected: a gap (or a missing first one) is a lost segment;
+    # compared pairwise, so a stray log-99999999.wal costs nothing to notice
+    for want, have in zip(expected, [*live, None], strict=False):
+        if want != have:
+            raise LogCorruptError(directory / _segment_name(want), 0, "segment missing")
     ends = _repair_tail([segments[s] for s in live], fsync)
     return _Recovered(
         snapshot=(snap_seq, snapshots[snap_seq]) if snap_seq else None,
@@ -461,7 +501,7 @@ def _repair_tail(paths: list[Path], fsync: bool) -> list[int]:
         if bad == len(buf):
             continue
         for j in range(i, len(bufs)):
-            found = _find_record(bufs[j], bad + 1 if j == i else 0)
+            found = _find_later_record(bufs[j], bad) if j == i else _find_record(bufs[j], 0)
             if found is not None:
                 raise LogCorruptError(
                     paths[i],
@@ -913,8 +953,7 @@ def _decode_segment(path: Path, buf: bytes) -> Iterator[LogRecord]:
         if length == 0 or end > n or crc(payload) != want:
             raise LogCorruptError(path, off, "record changed since start() checked it")
         try:
-            obj = unpackb(payload, use_list=False)
-            recs = [LogRecord(*obj)] if len(obj) == 9 else decode(obj)
+            recs = decode(unpackb(payload, use_list=False))
         except Exception as exc:  # passed crc32 but is not ours: a bug or a foreign file
             raise LogCorruptError(path, off, f"undecodable record: {exc}") from exc
         yield from recs

@@ -299,11 +299,6 @@ def test_huge_numbers_are_bad_requests() -> None:
 LONE_SURROGATE = "\ud800"
 
 
-@pytest.mark.xfail(strict=True, raises=UnicodeEncodeError, reason=(
-    "cluster/validate.py accepts or crashes on an op_id holding a lone surrogate (JSON "
-    "\"\\ud800\"): check_op raises UnicodeEncodeError from op_id.encode() instead of "
-    "BadRequest (HTTP 500), and check_batch's fast path returns the op unchecked, so the node "
-    "fails later when it encodes the id (dedup hash, msgpack peer frame)"))
 @pytest.mark.parametrize("shape", ["single", "batch_fast_path", "batch_full_check"])
 def test_lone_surrogate_op_id_is_a_bad_request(shape: str) -> None:
     op = {"op_id": f"c:{LONE_SURROGATE}", "delta": 1}
@@ -583,7 +578,7 @@ def test_a_damaged_snapshot_is_refused_or_replaced_by_the_log_it_covers(
         assert (loaded, replayed) == (None, before + after)
 
 
-# ---------------------------------------------------------------- known bugs in cluster/wal.py
+# ---------------------------------------------------------------- found by fuzzing, fixed
 
 
 def _utf8_frame() -> str:
@@ -600,11 +595,6 @@ def _utf8_frame() -> str:
     raise AssertionError("no UTF-8 frame found")
 
 
-@pytest.mark.xfail(strict=True, raises=LogCorruptError, reason=(
-    "cluster/wal.py _repair_tail/_find_record: after a bad frame it looks for a valid frame at "
-    "every byte offset from bad + 1, including inside the torn frame's own payload; a client "
-    "op_id that embeds a checksummed frame (18 bytes here) turns the torn tail of a crash into "
-    "'bad record followed by a valid one', and the node refuses to start"))
 def test_a_torn_tail_holding_a_frame_inside_an_op_id_is_still_a_torn_tail(
         tmp_path: Path) -> None:
     kept = [LogRecord(1, f"c:{i}", "t", "k", 1, "n1@1", i + 1, 0, 0.0) for i in range(3)]
@@ -614,11 +604,6 @@ def test_a_torn_tail_holding_a_frame_inside_an_op_id_is_still_a_torn_tail(
     assert recover(tmp_path)[1] == kept
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "cluster/wal.py _decode_payload/_decode_segment check only the array length: a checksummed "
-    "payload of nine values of any type (a foreign file, or a frame embedded in an op id) "
-    "replays as a LogRecord whose fields have the wrong types instead of raising "
-    "LogCorruptError ('undecodable record')"))
 @pytest.mark.parametrize("payload", [[1, 2, 3, 4, 5, 6, 7, 8, 9], "abcdefghi",
                                      [2, 1, ["a"], "t", "k", "not-an-int", "n", 0, 0, 0.0]],
                          ids=["nine-ints", "nine-char-str", "columnar-bad-delta"])
