@@ -2298,16 +2298,19 @@ def _parser() -> argparse.ArgumentParser:
         "counts are exact, that no junk changed a counter and that every node is still up.",
         epilog="The --max-* and --*-timeout flags must match what the nodes were started with "
         "(their defaults are the node's). Exit status 0 when every check passes, 1 otherwise.")
-    p.add_argument("--nodes", required=False, help="node URLs, comma-separated")
-    p.add_argument("--secret-file", help="the cluster secret: enables the classes that need a "
-                   "real signed HELLO (replays, stale/misaddressed HELLOs, bit flips)")
-    p.add_argument("--token", help="bearer token of nodes started with --token-file")
-    p.add_argument("--token-file", help="read the token from this file (first line)")
-    p.add_argument("--duration", type=float, default=30.0,
+    p.add_argument("--nodes", metavar="URL,URL,...",
+                   help="the nodes: http://host:port or host:port, comma-separated")
+    p.add_argument("--secret-file", metavar="FILE",
+                   help="the cluster secret: enables the classes that need a real signed "
+                   "HELLO (replays, stale/misaddressed HELLOs, bit flips)")
+    p.add_argument("--token", metavar="T", help="bearer token of nodes started with --token-file")
+    p.add_argument("--token-file", metavar="FILE",
+                   help="read the token from this file (first line)")
+    p.add_argument("--duration", type=float, default=30.0, metavar="S",
                    help="seconds of junk; no round starts after this (default 30)")
-    p.add_argument("--rounds", type=int, default=0,
+    p.add_argument("--rounds", type=int, default=0, metavar="N",
                    help="stop after this many rounds of every class (default: fill --duration)")
-    p.add_argument("--out", help="write the JSON report here")
+    p.add_argument("--out", metavar="FILE", help="write the JSON report here")
     p.add_argument("--classes", help="only these classes, comma-separated (see --list)")
     p.add_argument("--skip", default="", help="classes to leave out, comma-separated")
     p.add_argument("--list", action="store_true", help="list the junk classes and exit")
@@ -2325,15 +2328,25 @@ def _parser() -> argparse.ArgumentParser:
                    help="source address of the connection-cap class (default 127.0.0.3 on "
                    "loopback)")
     lim = Limits()
-    p.add_argument("--max-body-bytes", type=int, default=lim.max_body_bytes)
-    p.add_argument("--max-batch-ops", type=int, default=lim.max_batch_ops)
-    p.add_argument("--max-op-id-bytes", type=int, default=lim.max_op_id_bytes)
-    p.add_argument("--max-nesting-depth", type=int, default=lim.max_nesting_depth)
-    p.add_argument("--header-timeout", type=float, default=lim.header_timeout)
-    p.add_argument("--body-timeout", type=float, default=lim.body_timeout)
-    p.add_argument("--max-connections-per-client", type=int,
-                   default=lim.max_connections_per_client)
-    p.add_argument("--peer-auth-skew", type=float, default=lim.peer_auth_skew)
+    g = p.add_argument_group("the nodes' limits", "as the nodes were started with (the "
+                             "defaults are the node's): the junk aims just past them")
+    g.add_argument("--max-body-bytes", type=int, default=lim.max_body_bytes, metavar="N",
+                   help=f"413 above (default {lim.max_body_bytes})")
+    g.add_argument("--max-batch-ops", type=int, default=lim.max_batch_ops, metavar="N",
+                   help=f"ops per /v1/batch (default {lim.max_batch_ops})")
+    g.add_argument("--max-op-id-bytes", type=int, default=lim.max_op_id_bytes, metavar="N",
+                   help=f"longest op id (default {lim.max_op_id_bytes})")
+    g.add_argument("--max-nesting-depth", type=int, default=lim.max_nesting_depth,
+                   metavar="N", help=f"deepest body nesting (default {lim.max_nesting_depth})")
+    g.add_argument("--header-timeout", type=float, default=lim.header_timeout, metavar="S",
+                   help=f"slowloris gets 408 after this (default {lim.header_timeout:g})")
+    g.add_argument("--body-timeout", type=float, default=lim.body_timeout, metavar="S",
+                   help=f"a slow body gets 408 after this (default {lim.body_timeout:g})")
+    g.add_argument("--max-connections-per-client", type=int,
+                   default=lim.max_connections_per_client, metavar="N",
+                   help=f"429 above (default {lim.max_connections_per_client})")
+    g.add_argument("--peer-auth-skew", type=float, default=lim.peer_auth_skew, metavar="S",
+                   help=f"HELLO clock tolerance (default {lim.peer_auth_skew:g})")
     return p
 
 
