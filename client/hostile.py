@@ -30,10 +30,9 @@ registry). Forged or replayed peer traffic gets the connection closed with no re
 Bounded: ``--duration`` caps the junk (no round starts after it), every class call has its own
 timeout, ``--max-requests`` caps the junk requests, and the good client stops with the junk.
 
-The last classes of the registry found node bugs when they were written; those still open
-are listed with their details in ``tests/test_hostile.py`` (``NODE_BUGS``, ``SHAPE_BUGS``).
-``counter_overflow`` leaves a counter that its leader can no longer snapshot or send to its
-peers: ``--skip counter_overflow`` on a cluster you want to keep.
+The last classes of the registry found node bugs when they were written (all fixed since; see
+``tests/test_hostile.py``). ``counter_overflow`` writes two valid ops of 2**63-1 to a key of
+its own table (``<table>_ovf``) before the ones the node must refuse.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -15,6 +16,8 @@ from typing import Any
 
 import msgpack
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 
 from cluster.auth import PeerAuth
 from cluster.errors import (
@@ -42,6 +45,7 @@ from cluster.validate import (
 )
 from cluster.wire import Status
 
+log = logging.getLogger("cluster.http")
 NODE_KEY: web.AppKey[Node] = web.AppKey("node", Node)
 EDGE_KEY: web.AppKey[Edge] = web.AppKey("edge")
 
@@ -63,8 +67,8 @@ class Edge:
         if scheme.lower() != "bearer" or not token:
             return False
         # compare against every token, always: how long it takes tells nothing about which
-        return sum(hmac.compare_digest(token.strip().encode(), t.encode())
-                   for t in self.tokens) > 0
+        given = token.strip().encode("utf-8", "surrogateescape")  # any bytes a client sent
+        return sum(hmac.compare_digest(given, t.encode()) for t in self.tokens) > 0
 
 
 def load_tokens(path: str) -> frozenset[str]:
@@ -92,6 +96,10 @@ _RESULTS: dict[int, dict[str, Any]] = {
                          "message": "op older than the dedup window; outcome unknown"}},
 }
 _RESULTS[int(Status.ERROR)] = _RESULTS[_UNAVAILABLE]
+_OVERFLOW = int(Status.OVERFLOW)
+_OVERFLOW_MESSAGE = "the counter's entry on its leader would pass 2^64 - 1; not applied"
+_RESULTS[_OVERFLOW] = {"applied": False, "status": 400,
+                       "error": {"code": "counter_overflow", "message": _OVERFLOW_MESSAGE}}
 _JSON_RESULTS = {k: json.dumps(v, separators=(",", ":")).encode() for k, v in _RESULTS.items()}
 _MSGPACK_RESULTS = {k: msgpack.packb(v) for k, v in _RESULTS.items()}
 
@@ -154,6 +162,8 @@ async def post_counter(request: web.Request) -> web.Response:
     status = (await node.submit([op[:5]]))[0]
     if status == _UNAVAILABLE or status == int(Status.ERROR):
         raise Unavailable("write quorum not met in time; retry with the same op_id")
+    if status == _OVERFLOW:
+        raise BadRequest(_OVERFLOW_MESSAGE, code="counter_overflow")
     if _wants_msgpack(request):
         return web.Response(body=_MSGPACK_RESULTS[status], content_type="application/msgpack")
     return web.Response(body=_JSON_RESULTS[status], content_type="application/json")
@@ -256,6 +266,34 @@ def _timed(route: str, handler: Handler) -> Handler:
 async def _not_found(request: web.Request) -> web.Response:
     return reply(request, {"error": {"code": "not_found", "message": f"no route {request.path}"}},
                  status=404)
+
+
+class ShapedErrors(RequestHandler):
+    """aiohttp's protocol, with its own answers (a request it cannot parse: bad request line,
+    headers too long, bad framing) in the contract's error shape. Those are logged at debug
+    level, so junk cannot flood the log; a 500 (a bug) is logged in full."""
+
+    def handle_error(self, request: BaseRequest, status: int = 500,
+                     exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if status >= 500:
+            log.error("error handling a request", exc_info=exc)
+        else:
+            log.debug("unparsable request: %s", message or exc)
+        if request.writer.output_size > 0:  # a response was on its way: nothing to add
+            raise ConnectionError("response already started; closing the connection")
+        code = "internal" if status >= 500 else "bad_http"
+        text = "internal error" if status >= 500 else (message or "malformed HTTP request")
+        resp = web.Response(status=status, content_type="application/json",
+                            body=json.dumps({"error": {"code": code, "message": text[:500]}},
+                                            separators=(",", ":")).encode())
+        resp.force_close()
+        return resp
+
+
+def http_protocol(server: web.Server) -> RequestHandler:
+    """A new connection's protocol: aiohttp's, shaped (what ``server()`` would build)."""
+    return ShapedErrors(server, loop=asyncio.get_running_loop(), **server._kwargs)
 
 
 def make_app(node: Node, edge: Edge | None = None) -> web.Application:

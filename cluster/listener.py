@@ -1,12 +1,13 @@
 """The node's one listening port: tell peers from HTTP clients, and keep hostile clients in check.
 
 ``PortMux`` reads a connection's first bytes: ``wire.MAGIC`` makes it a peer connection
-(``cluster.peer``, authenticated by ``cluster.auth``), anything else an HTTP one. An HTTP
-connection is counted against its client address (``max_connections_per_client``: the next one
-gets 429 and is closed) and watched by ``HttpGuard``: once a request's first byte has arrived,
-its headers must be complete within ``header_timeout`` (slowloris), else 408 and close. The
-body's own deadline and the idle keep-alive timeout are enforced in ``cluster.http_api`` and by
-aiohttp. With ``tls_cert``/``tls_key`` the whole port speaks TLS and the sniffing happens on the
+(``cluster.peer``, authenticated by ``cluster.auth``), anything else an HTTP one. Either kind is
+counted against its client address (``max_connections_per_client``: the next one is closed,
+an HTTP one after a 429). An HTTP connection is watched by ``HttpGuard``: once a request's first
+byte has arrived, its headers must be complete within ``header_timeout`` (slowloris), else 408
+and close; a peer connection's HELLO must check out within the same time. The body's own
+deadline and the idle keep-alive timeout are enforced in ``cluster.http_api`` and by aiohttp.
+With ``tls_cert``/``tls_key`` the whole port speaks TLS and the sniffing happens on the
 decrypted bytes, so clients and peers share one encrypted port.
 """
 
@@ -139,38 +140,71 @@ class Listener:
     def protocol(self) -> PortMux:
         return PortMux(self)
 
-    def peer(self) -> PeerProtocol:
+    def peer(self, transport: asyncio.Transport) -> PeerProtocol | None:
+        """A peer connection, counted against its address like an HTTP one. On a cluster with
+        a secret its HELLO must check out within ``header_timeout``, or it is closed: an
+        unauthenticated connection holds nothing for long."""
+        client = self._admit(transport, None)
+        if client is None:
+            return None
         proto = PeerProtocol(self.peer_handler, None, auth=self.auth)
-        proto.on_lost = lambda _exc: self.peers.discard(proto)
+
+        def lost(_exc: Exception | None) -> None:
+            self.peers.discard(proto)
+            self._release(client)
+
+        proto.on_lost = lost
         self.peers.add(proto)
+        if self.auth is not None and self.auth.enabled:
+            asyncio.get_running_loop().call_later(self.header_timeout, self._hello_due, proto,
+                                                  client)
         return proto
+
+    def _hello_due(self, proto: PeerProtocol, client: str) -> None:
+        if proto.transport is not None and proto.awaiting_hello:
+            assert self.auth is not None
+            self.auth.reject("hello_timeout", client,
+                             f"no valid HELLO within {self.header_timeout:g} s")
+            proto.transport.close()
 
     def http(self, transport: asyncio.Transport) -> asyncio.Protocol | None:
         """The guarded HTTP protocol for a new connection, or None when its client is over the
         limit (it has been answered 429)."""
-        peer = transport.get_extra_info("peername")
-        client = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
-        if self._per_client[client] >= self.max_connections_per_client:
-            self.stats.refuse("too_many_connections", client)
-            transport.write(http_error(TooManyConnections(
-                f"this address already has {self.max_connections_per_client} "
-                "connections open; reuse them")))
-            transport.close()
+        client = self._admit(transport, http_error(TooManyConnections(
+            f"this address already has {self.max_connections_per_client} connections open; "
+            "reuse them")))
+        if client is None:
             return None
-        self._per_client[client] += 1
         self.stats.open_connections += 1
         inner = self.http_factory()
         guard = HttpGuard(inner, self, client)
         self._guards[inner] = guard
         return guard
 
+    def _admit(self, transport: asyncio.Transport, refusal: bytes | None) -> str | None:
+        """Count a connection against its client address; None (after ``refusal``, and closed)
+        when the address is at its limit."""
+        peer = transport.get_extra_info("peername")
+        client = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        if self._per_client[client] >= self.max_connections_per_client:
+            self.stats.refuse("too_many_connections", client)
+            if refusal is not None:
+                transport.write(refusal)
+            transport.close()
+            return None
+        self._per_client[client] += 1
+        return client
+
+    def _release(self, client: str) -> None:
+        self._per_client[client] -= 1
+        if self._per_client[client] <= 0:
+            del self._per_client[client]
+
     def released(self, guard: HttpGuard) -> None:
         if self._guards.pop(guard.inner, None) is None:
             return
         self.stats.open_connections -= 1
-        self._per_client[guard.client] -= 1
-        if self._per_client[guard.client] <= 0:
-            del self._per_client[guard.client]
+        self._release(guard.client)
 
     def guard_of(self, protocol: object) -> HttpGuard | None:
         return self._guards.get(protocol)
@@ -203,11 +237,11 @@ class PortMux(asyncio.Protocol):
             self._timer.cancel()
         new: asyncio.Protocol | None
         if buf.startswith(MAGIC):
-            new, rest = self._listener.peer(), buf[len(MAGIC):]
+            new, rest = self._listener.peer(transport), buf[len(MAGIC):]
         else:
             new, rest = self._listener.http(transport), buf
-            if new is None:
-                return
+        if new is None:
+            return
         transport.set_protocol(new)
         new.connection_made(transport)
         if rest:

@@ -64,6 +64,7 @@ class NodeMetrics:
     hints_delivered: int = 0
     retry_checks: int = 0
     unauthorized: int = 0
+    overflows: int = 0
     requests: dict[str, Histogram] = field(default_factory=dict)
 
     def request_histogram(self, route: str) -> Histogram:
@@ -151,6 +152,7 @@ def render(node: Any, auth: Any = None, edge: Any = None) -> str:
         ("hints_delivered", "hinted writes delivered to a replica that came back"),
         ("retry_checks", "ops checked on the other replicas before being applied"),
         ("unauthorized", "client requests refused for a missing or wrong bearer token (401)"),
+        ("overflows", "ops refused because they would take an entry past 2^64 - 1 (400)"),
     ):
         ex.simple(f"idc_{name}_total", "counter", help_text, getattr(m, name))
     ex.simple("idc_replayed_records", "gauge", "log records replayed at start", m.replayed)

@@ -48,6 +48,7 @@ APPLY, REPLICA = int(RecordKind.APPLY), int(RecordKind.REPLICA)
 PUBLISHED, WITHDRAW = int(RecordKind.PUBLISHED), int(RecordKind.WITHDRAW)
 _APPLIED, _DUPLICATE, _UNAVAILABLE = int(Status.APPLIED), int(Status.DUPLICATE), int(
     Status.UNAVAILABLE)
+_OVERFLOW = int(Status.OVERFLOW)
 
 
 
@@ -55,6 +56,12 @@ def _stamped(ops: Sequence[Op]) -> list[list[Any]]:
     """FORWARD items carry the coordinator's wall clock (ms) as a sixth field."""
     now_ms = int(time.time() * 1000)
     return [[*op, now_ms] for op in ops]
+
+
+_U64_MAX = (1 << 64) - 1
+# Below this, an entry plus a batch's deltas (their absolute sum also below it) cannot pass
+# _U64_MAX, so the common case skips the op-by-op overflow check.
+_SAFE_ENTRY = 1 << 62
 
 
 def _unstamped(body: list[list[Any]], stale_after_ms: int) -> list[Op]:
@@ -105,6 +112,7 @@ class Node:
         self.checked = recovery.Checked(config.window, clock)
         self.hints = Hints(config.max_hints)
         self._degraded_until = 0.0  # a restart sets it (recover), so does a peer gone silent
+        self._near_limit = False  # an own entry passed 2^62: check batches for overflow
         self._silent: set[str] = set()
         self.behind: set[str] = set()  # replicas that missed a write: anti-entropy them soon
         self._bg: set[asyncio.Task[Any]] = set()
@@ -338,6 +346,10 @@ class Node:
             list[tuple[int, asyncio.Future[bool]]]]:
         """The synchronous part: no await between the dedup check, the apply and the log
         append (one columnar frame for the batch); the append's future, None if no op was new."""
+        if self._near_limit or sum(abs(op[3]) for op in ops) >= _SAFE_ENTRY:
+            refused = self._overflowing(ops)
+            if refused:
+                return self._apply_refusing(ops, refused)
         me, now = self.origin, self.clock()
         dups = self.state.seen_or_add_many(ops, 0, 2)
         apply_local = self.state.shards.apply_local
@@ -370,8 +382,41 @@ class Node:
         if not rows:
             return statuses, None, groups, dup_waits
         op_ids, tables, keys, deltas, ps, ns = zip(*rows, strict=True)
+        if max(ps) >= _SAFE_ENTRY or max(ns) >= _SAFE_ENTRY:
+            self._near_limit = True  # from now on every batch is checked op by op
         own = self.log.append_columns_nowait(APPLY, op_ids, tables, keys, deltas, me, ps, ns, now)
         return statuses, own, groups, dup_waits
+
+    def _overflowing(self, ops: Sequence[Op]) -> dict[int, int]:
+        """Ops that would raise this node's own entry of their key past 2^64 - 1, the most the
+        log, the peer frames and the snapshots carry: index -> status. Such an op is refused
+        (``counter_overflow``) and its id is not remembered, unless the dedup already holds
+        it: a retry of an op applied before is still answered as a duplicate."""
+        own_pair, dedup = self.state.shards.own_pair, self.state.dedup
+        totals: dict[tuple[str, str], list[int]] = {}
+        refused: dict[int, int] = {}
+        for i, (table, key, op_id, delta, _attempt) in enumerate(ops):
+            total = totals.get((table, key))
+            if total is None:
+                total = totals[(table, key)] = list(own_pair(table, key))
+            side = 0 if delta >= 0 else 1
+            if total[side] + abs(delta) > _U64_MAX:
+                refused[i] = _DUPLICATE if op_id.encode() in dedup(table) else _OVERFLOW
+            else:
+                total[side] += abs(delta)
+        return refused
+
+    def _apply_refusing(self, ops: Sequence[Op], refused: dict[int, int]) -> tuple[
+            list[int], asyncio.Future[None] | None, dict[tuple[str, ...], list[list[Any]]],
+            list[tuple[int, asyncio.Future[bool]]]]:
+        """``_apply_batch`` for the ops not in ``refused``; the refused keep their status."""
+        keep = [i for i in range(len(ops)) if i not in refused]
+        statuses, own, groups, dup_waits = self._apply_batch([ops[i] for i in keep])
+        out = [refused.get(i, _OVERFLOW) for i in range(len(ops))]
+        for i, status in zip(keep, statuses, strict=True):
+            out[i] = status
+        self.metrics.overflows += sum(1 for s in refused.values() if s == _OVERFLOW)
+        return out, own, groups, [(keep[j], wait) for j, wait in dup_waits]
 
     def targets_of(self, table: str, key: str) -> tuple[str, ...]:
         """The key's replicas other than this node (cached per preference list)."""

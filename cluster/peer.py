@@ -59,6 +59,11 @@ class PeerProtocol(asyncio.Protocol):
         self.peer_id, self._signer, verifier = self.auth.accept(hello, signed, trailer)
         return verifier
 
+    @property
+    def awaiting_hello(self) -> bool:
+        """An inbound connection on a cluster with a secret whose HELLO has not checked out."""
+        return self._decoder.awaiting_hello
+
     def encode(self, kind: int, req_id: int, body: Any) -> bytes:
         return encode_frame(kind, req_id, body, self._signer)
 
@@ -234,9 +239,16 @@ class PeerLink:
             if limit and counts.get(kind, 0) >= limit:
                 continue  # sent when a reply frees a slot
             del self._pending[kind]
-            counts[kind] = counts.get(kind, 0) + 1
             req_id = next(self._ids)
-            frame = proto.encode(kind, req_id, batch.items)
+            try:
+                frame = proto.encode(kind, req_id, batch.items)
+            except (ValueError, TypeError, OverflowError) as exc:  # a bug upstream: fail
+                err = PeerError(f"cannot encode a {kind} frame for {self.peer_id}: {exc!r}")
+                for _, _, fut in batch.waiters:  # these callers, not the link
+                    if not fut.done():
+                        fut.set_exception(err)
+                continue
+            counts[kind] = counts.get(kind, 0) + 1
             self._inflight[req_id] = (batch.waiters, now, kind)
             frames.append(frame)
             self.items_sent += len(batch.items)

@@ -19,7 +19,7 @@ from cluster.auth import PeerAuth, load_secret
 from cluster.config import NodeConfig
 from cluster.errors import ClusterError, ConfigError
 from cluster.failure import heartbeat_loop
-from cluster.http_api import Edge, load_tokens, make_app
+from cluster.http_api import Edge, http_protocol, load_tokens, make_app
 from cluster.listener import Listener, peer_ssl, server_ssl
 from cluster.node import Node
 from cluster.peer import close_all
@@ -121,7 +121,7 @@ class NodeServer:
 
     def _http_protocol(self) -> asyncio.Protocol:
         assert self._runner is not None and self._runner.server is not None
-        return self._runner.server()
+        return http_protocol(self._runner.server)
 
     async def _snapshot_loop(self) -> None:
         cfg = self.config
@@ -136,6 +136,9 @@ class NodeServer:
                     await self.snapshot()
                 except ClusterError as exc:  # the log keeps everything: try again later
                     log.warning("snapshot failed: %s", exc)
+                    continue
+                except Exception:  # a bug; the loop must outlive it (the log keeps everything)
+                    log.exception("snapshot failed")
                     continue
                 last = self.node.log.stats().bytes_appended
                 last_at = time.monotonic()

@@ -57,6 +57,7 @@ class Status(IntEnum):
     UNAVAILABLE = 2
     EXPIRED = 3
     ERROR = 4
+    OVERFLOW = 5  # the op would raise its key's entry here past 2^64 - 1: refused, not applied
 
 
 _pack = msgpack.Packer(use_bin_type=True).pack
@@ -90,6 +91,10 @@ class FrameDecoder:
         self._verifier = verifier
         self._accept = accept
         self.dropped = 0
+
+    @property
+    def awaiting_hello(self) -> bool:
+        return self._accept is not None
 
     @property
     def signed(self) -> bool:

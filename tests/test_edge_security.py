@@ -161,3 +161,30 @@ async def test_connections_past_the_per_client_cap_get_429() -> None:
             pytest.fail("the freed slot was never given back")
         for w in held:
             w.close()
+
+
+async def test_an_op_that_would_overflow_its_entry_is_refused_and_nothing_breaks() -> None:
+    big = (1 << 63) - 1  # a valid delta; three of them pass what an entry can hold (2^64 - 1)
+    async with running_cluster(3) as cluster:
+        url = cluster.urls[0]
+        async with aiohttp.ClientSession() as s:
+            async def add(op_id: str, delta: int) -> tuple[int, dict[str, Any]]:
+                async with s.post(f"{url}/v1/counters/t/big",
+                                  json={"op_id": op_id, "delta": delta}) as r:
+                    return r.status, await r.json()
+
+            assert (await add("o:1", big))[0] == 200
+            assert (await add("o:2", big))[0] == 200
+            status, body = await add("o:3", big)
+            assert status == 400 and body["error"]["code"] == "counter_overflow", body
+            assert await add("o:2", big) == (200, {"applied": False, "duplicate": True})
+            assert (await add("o:4", -5))[0] == 200  # the N side still has room
+            async with s.post(f"{url}/v1/batch", json={"ops": [
+                    {"table": "t", "key": "big", "op_id": "o:5", "delta": big},
+                    {"table": "t", "key": "other", "op_id": "o:6", "delta": 1}]}) as r:
+                results = (await r.json())["results"]
+            assert results[0]["status"] == 400 and results[1] == {"applied": True}
+            for node_url in cluster.urls:  # every replica agrees, and peers still talk
+                async with s.get(f"{node_url}/v1/counters/t/big?consistency=all") as r:
+                    assert (await r.json())["value"] == 2 * big - 5
+    assert set((await cluster.stop()).values()) == {0}  # snapshots and drain still work
