@@ -110,6 +110,10 @@ class Node:
         self.is_live: Callable[[str], bool] = lambda _node: True
         self.ready = False  # set once in-doubt ops are settled and dedup state pulled
         self.checked = recovery.Checked(config.window, clock)
+        # Ops claimed here for a node checking them (or by this node's own check), and the
+        # time until which this node may apply an op its check let through (cluster.recovery)
+        self.claims = recovery.Claims()
+        self.leases: dict[str, float] = {}
         self.hints = Hints(config.max_hints)
         self._degraded_until = 0.0  # a restart sets it (recover), so does a peer gone silent
         self._near_limit = False  # an own entry passed 2^62: check batches for overflow
@@ -327,7 +331,45 @@ class Node:
         return self._leads.submit(list(ops))
 
     async def _lead_now(self, ops: list[Op]) -> list[int]:
-        """Dedup, apply, log and replicate a batch this node leads; statuses in op order."""
+        """Dedup, apply, log and replicate a batch this node leads; statuses in op order.
+        Ops claimed for another node's check, and checked ops whose lease ran out (this node
+        was paused after its check), answer 503 unapplied (``cluster.recovery``)."""
+        if self.leases or self.claims:
+            refused = self._refused(ops)
+            if refused:
+                statuses = [_UNAVAILABLE] * len(ops)
+                keep = [i for i in range(len(ops)) if i not in refused]
+                if keep:  # no await before the apply: the admission still holds there
+                    led = await self._lead_admitted([ops[i] for i in keep])
+                    for i, st in zip(keep, led, strict=True):
+                        statuses[i] = st
+                return statuses
+        return await self._lead_admitted(ops)
+
+    def _refused(self, ops: Sequence[Op]) -> set[int]:
+        """Indexes of the ops this node must not apply now (see ``_lead_now``)."""
+        refused: set[int] = set()
+        now = time.monotonic()
+        leases, claims, me = self.leases, self.claims, self.id
+        for i, (table, key, op_id, _delta, _attempt) in enumerate(ops):
+            deadline = leases.pop(op_id, None)
+            if deadline is not None:
+                if now > deadline:
+                    refused.add(i)
+                    log.info("op %s passed its check %.3f s ago: stale, not applied", op_id,
+                             now - deadline)
+                    recovery.release_claims(self, table, key, op_id)
+                else:
+                    claims.drop(op_id)  # applied now: the dedup answers for it
+                continue
+            if claims:
+                holder = claims.holder(op_id)
+                if holder is not None and holder != me:
+                    refused.add(i)
+        self.metrics.unavailable += len(refused)
+        return refused
+
+    async def _lead_admitted(self, ops: list[Op]) -> list[int]:
         statuses, own, groups, dup_waits = self._apply_batch(ops)
         if own is not None:
             waits = [self._replicate(targets, items, own) for targets, items in groups.items()]
@@ -490,6 +532,7 @@ class Node:
     def learn(self, table: str, key: str, op_id: str, entry: CounterEntry) -> None:
         """A replica holds ``op_id``: remember it and merge the key's entry (logged)."""
         self.state.dedup(table).seen_or_add(op_id.encode())
+        self.claims.drop(op_id)
         self.on_repair([[table, key, entry.to_wire()]], op_id)
 
     def _settle_failures(self, ops: Sequence[Op], statuses: list[int],
@@ -516,6 +559,10 @@ class Node:
 
     def _replicate_now(self, items: list[list[Any]]) -> asyncio.Future[None]:
         self.state.seen_or_add_many(items, 1, 0)  # learn the ids: dedup state stays in sync
+        claims = self.claims
+        if claims:  # the application arrived: the dedup answers for these ops now
+            for item in items:
+                claims.drop(item[0])
         self.state.shards.merge_items(items)
         self.metrics.replicated_in += len(items)
         if not items:
@@ -551,7 +598,7 @@ class Node:
         if kind == Kind.PING:
             return [{"ready": self.ready}] * len(body)
         if kind == Kind.HOLDS:
-            return recovery.on_holds(self, body)
+            return recovery.on_holds(self, body, peer_id)
         if kind == Kind.DIGEST:
             return antientropy.on_digest(self, peer_id, body[0] if body else {})
         if kind == Kind.ENTRIES:

@@ -15,6 +15,21 @@ the op, this node withdraws its own application with a compensating entry from i
 origin (a WITHDRAW record); otherwise it publishes it (replicates it again). Compensating
 instead of lowering the old pair: every later op of that origin on the key carries the op's
 delta inside its pair, and replicas merge by max, so a lowered pair would be raised again.
+
+**Claims: two checks of one op never both pass.** Asking and then applying is not atomic: a
+leader that was paused (or cut off) while another replica took over its keys resumes with
+copies of ops that the other replica is checking at that very moment; each answers the other's
+``HOLDS`` "not held" before applying its own copy, both pass, and the op counts twice (what the
+pause nemesis found). So a replica that answers "not held" also *claims* the op for the asker
+(``Claims``): until the asker's application arrives (its REPLICATE) or the window passes, it
+answers any other asker BUSY, and it applies no copy of the op itself. A checker claims the op
+at home first (a HOLDS that finds it checking the same op answers BUSY), needs the claim of a
+majority of the key's replicas counting itself, and applies only within ``lease`` of sending
+its ``HOLDS``: after a pause longer than that its answers are stale and the op answers 503
+(the claims it got outlive its lease, so no other check passed meanwhile). A claim that
+outlives its holder's application (a REPLICATE lost, the holder paused right after applying)
+keeps the others out until the window is over, when any retry of the op is refused as
+expired anyway.
 """
 
 from __future__ import annotations
@@ -41,9 +56,14 @@ PUBLISHED, WITHDRAW, APPLY = (int(RecordKind.PUBLISHED), int(RecordKind.WITHDRAW
                               int(RecordKind.APPLY))
 _APPLIED, _DUPLICATE, _UNAVAILABLE = (int(Status.APPLIED), int(Status.DUPLICATE),
                                       int(Status.UNAVAILABLE))
-# HOLDS answers: in the dedup; applied there and not yet on a quorum; applied there and withdrawn
-HELD, IN_DOUBT, WITHDRAWN = 1, 2, 3
+# HOLDS answers: in the dedup; applied there and not yet on a quorum (its quorum failed);
+# applied there and withdrawn; undecided there (claimed by another checker, or its own
+# application still waiting for its quorum): ask again later
+HELD, IN_DOUBT, WITHDRAWN, BUSY = 1, 2, 3, 4
+# HOLDS request modes (the item's fourth field): only ask; ask and claim; release a claim
+QUERY, CLAIM, RELEASE = 0, 1, 2
 MAX_CHECKED = 1_000_000  # exact ids applied through the check, kept for the window
+MAX_CLAIMS = 1_000_000
 
 
 class Checked:
@@ -64,6 +84,82 @@ class Checked:
         return op_id in self._ids
 
 
+class Claims:
+    """op id -> (node, expiry on the monotonic clock): this node promised ``node`` that no
+    other check of the op passes here (and that it applies no copy itself) until the promise
+    expires or the op's application arrives (then the dedup answers for it). Bounded: the
+    oldest claims go first (only ever ones whose REPLICATE never came)."""
+
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self.clock = clock
+        self._c: OrderedDict[str, tuple[str, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._c)
+
+    def __bool__(self) -> bool:
+        """Any live claim (expired ones at the front are dropped first: the write path asks
+        this before every batch, and checks claims only when there are some)."""
+        c = self._c
+        if c:
+            now = self.clock()
+            while c and next(iter(c.values()))[1] <= now:
+                c.popitem(last=False)
+        return bool(c)
+
+    def holder(self, op_id: str) -> str | None:
+        """The node holding a live claim on ``op_id``, or None."""
+        got = self._c.get(op_id)
+        if got is None:
+            return None
+        if got[1] <= self.clock():
+            del self._c[op_id]
+            return None
+        return got[0]
+
+    def take(self, op_id: str, node: str, life: float) -> bool:
+        """Claim ``op_id`` for ``node`` (or renew its claim); False when another node holds it."""
+        held = self.holder(op_id)
+        if held is not None and held != node:
+            return False
+        now = self.clock()
+        c = self._c
+        c[op_id] = (node, now + life)
+        c.move_to_end(op_id)
+        while c and (len(c) > MAX_CLAIMS or next(iter(c.values()))[1] <= now):
+            c.popitem(last=False)
+        return True
+
+    def release(self, op_id: str, node: str) -> None:
+        got = self._c.get(op_id)
+        if got is not None and got[0] == node:
+            del self._c[op_id]
+
+    def drop(self, op_id: str) -> None:
+        """The op's application arrived: the dedup answers for it from now on."""
+        self._c.pop(op_id, None)
+
+
+def claim_life(node: Node, table: str) -> float:
+    """A claim lasts the op's window: after it, any retry of the op is refused as expired."""
+    return max(node.config.window, node.state.window(table))
+
+
+def lease(node: Node, table: str) -> float:
+    """How long after sending its HOLDS a checker may still apply: well inside the claims'
+    life, so an application delayed after it (its frames stuck in a paused process) is still
+    covered by the claims on the other replicas."""
+    return min(2 * node.config.quorum_timeout, claim_life(node, table) / 2)
+
+
+def claims_needed(node: Node) -> int:
+    """Other replicas whose claim a check needs: a majority of the key's replicas with this
+    node (two checks then share a replica, which claims the op for one of them only), and at
+    least RF - W (any W replicas that acked the op intersect them)."""
+    rf = node.ring.rf
+    return max(rf - node.config.quorum, rf // 2)
+
+
 def needs_check(node: Node, op: Op) -> bool:
     """A retry, or any op while this node saw a peer down (or restarted) within the window: it
     may lead a key only because the primary is down, or be a primary that was cut off or
@@ -72,12 +168,13 @@ def needs_check(node: Node, op: Op) -> bool:
     return op[4] > 1 or node.recently_degraded()
 
 
-async def ask_holds(node: Node, table: str, key: str, op_id: str
+async def ask_holds(node: Node, table: str, key: str, op_id: str, mode: int = CLAIM
                     ) -> tuple[int, list[tuple[str, int, bool, CounterEntry]]]:
-    """Ask the key's other replicas about ``op_id``: (replicas that answered, their answers
-    as (node, HELD/IN_DOUBT/0, applied it after a check, entry of the key))."""
+    """Ask the key's other replicas about ``op_id`` (and claim it there, see ``Claims``):
+    (replicas that answered, their answers as (node, HELD/IN_DOUBT/WITHDRAWN/BUSY/0, applied
+    it after a check, entry of the key)). 0 from a replica asked with CLAIM is its claim."""
     others = [r for r in node.ring.preference_list(table, key) if r != node.id]
-    futs = {r: node.links[r].call(Kind.HOLDS, [[table, key, op_id]]) for r in others}
+    futs = {r: node.links[r].call(Kind.HOLDS, [[table, key, op_id, mode]]) for r in others}
     await asyncio.wait(futs.values(), timeout=node.config.quorum_timeout)
     out = []
     for r, fut in futs.items():
@@ -89,15 +186,39 @@ async def ask_holds(node: Node, table: str, key: str, op_id: str
     return len(out), out
 
 
-def on_holds(node: Node, items: list[list[Any]]) -> list[list[Any]]:
-    """Answer ``HOLDS``: IN_DOUBT when this node applied the op and it is not yet on a quorum
-    (its outcome is not decided), HELD when the id is in the dedup, else 0; whether this node
-    applied it after a check; the key's entry (so the asker learns what the op contributed)."""
+def release_claims(node: Node, table: str, key: str, op_id: str) -> None:
+    """A check that will not apply the op gives back the claims it took (best effort: they
+    expire anyway)."""
+    node.claims.release(op_id, node.id)
+    for r in node.ring.preference_list(table, key):
+        if r != node.id:
+            node.links[r].call(Kind.HOLDS, [[table, key, op_id, RELEASE]]).add_done_callback(
+                _consume)
+
+
+def on_holds(node: Node, items: list[list[Any]], peer: str = "?") -> list[list[Any]]:
+    """Answer ``HOLDS`` from ``peer``: IN_DOUBT when this node applied the op and its quorum
+    failed (settled later), BUSY when that quorum is still being waited for or another node
+    holds a claim on the op, WITHDRAWN, HELD when the id is in the dedup, else 0 (and, asked
+    with CLAIM, the op is claimed for ``peer``); whether this node applied it after a check;
+    the key's entry (so the asker learns what the op contributed)."""
     out = []
-    pending = node.pending
-    for table, key, op_id in items:
-        held = (IN_DOUBT if op_id in pending else WITHDRAWN if op_id in node.state.withdrawn
-                else HELD if op_id.encode() in node.state.dedup(table) else 0)
+    pending, inflight, claims = node.pending, node.inflight, node.claims
+    for item in items:
+        table, key, op_id = item[0], item[1], item[2]
+        mode = item[3] if len(item) > 3 else QUERY
+        if op_id in pending:
+            held = BUSY if op_id in inflight else IN_DOUBT
+        elif op_id in node.state.withdrawn:
+            held = WITHDRAWN
+        elif op_id.encode() in node.state.dedup(table):
+            held = HELD
+        elif mode == CLAIM:
+            held = 0 if claims.take(op_id, peer, claim_life(node, table)) else BUSY
+        else:
+            if mode == RELEASE:
+                claims.release(op_id, peer)
+            held = 0
         out.append([held, op_id in node.checked, node.state.shards.entry(table, key).to_wire()])
     return out
 
@@ -116,9 +237,10 @@ async def lead_checked(node: Node, ops: list[Op]) -> list[int]:
             plain.append(i)
     results = await asyncio.gather(*checks)
     to_lead = list(plain)
-    for i, res in zip(idx_checked, results, strict=True):
+    for i, (res, deadline) in zip(idx_checked, results, strict=True):
         if res is None:
             to_lead.append(i)
+            node.leases[ops[i][2]] = deadline  # the apply checks it (Node._refused)
         else:
             statuses[i] = res
     if to_lead:
@@ -130,23 +252,31 @@ async def lead_checked(node: Node, ops: list[Op]) -> list[int]:
     return statuses
 
 
-async def _check_one(node: Node, op: Op) -> int | None:
-    """DUPLICATE when a replica holds the op (learned here), UNAVAILABLE when too few replicas
-    answered to be sure, None when the op may be applied."""
+async def _check_one(node: Node, op: Op) -> tuple[int | None, float]:
+    """(DUPLICATE when a replica holds the op (learned here), UNAVAILABLE when another
+    application or check of it is open or too few replicas claimed it, None when the op may be
+    applied; the monotonic time until which it may be)."""
     table, key, op_id = op[0], op[1], op[2]
     node.metrics.retry_checks += 1
+    sent = time.monotonic()
+    deadline = sent + lease(node, table)
+    if not node.claims.take(op_id, node.id, claim_life(node, table)):
+        return _UNAVAILABLE, deadline  # another node is checking it: retry decides later
     answered, answers = await ask_holds(node, table, key, op_id)
-    if any(held == IN_DOUBT for _, held, _, _ in answers):
-        return _UNAVAILABLE  # another leader's application is still open: retry decides later
+    if any(held in (IN_DOUBT, BUSY) for _, held, _, _ in answers):
+        # another leader's application (or check) is still open: retry decides later
+        release_claims(node, table, key, op_id)
+        return _UNAVAILABLE, deadline
     for _, held, _, entry in answers:
         if held:
+            release_claims(node, table, key, op_id)
             node.learn(table, key, op_id, entry)
             node.metrics.duplicates += 1
-            return _DUPLICATE
-    # Any W replicas that acked the op intersect this node plus RF - W others that answered.
-    if answered < node.ring.rf - node.config.quorum:
-        return _UNAVAILABLE
-    return None
+            return _DUPLICATE, deadline
+    if answered < claims_needed(node):
+        release_claims(node, table, key, op_id)
+        return _UNAVAILABLE, deadline
+    return None, deadline
 
 
 # -- in-doubt ops ---------------------------------------------------------------------------
@@ -176,6 +306,8 @@ async def settle_one(node: Node, item: list[Any]) -> bool:
     # withdraws and the lower one publishes, so exactly one application stays.
     # A replica that withdrew its own copy deferred to another application, perhaps ours: the
     # id it holds then says nothing about a third one.
+    if any(held == BUSY for _, held, _, _ in answers):
+        return False  # another application or check of it is open there: ask again later
     me = node.id
     deferred = any(held == WITHDRAWN for _, held, _, _ in answers)
     other = any((held == IN_DOUBT and r < me) or (held == HELD and checked)
@@ -188,10 +320,23 @@ async def settle_one(node: Node, item: list[Any]) -> bool:
         return False  # a replica that applied it may be among the silent ones
     targets = node.targets_of(table, key)
     remote = [node.links[t].call(Kind.REPLICATE, [item]) for t in targets]
-    ok = await quorum_future(remote, node.config.quorum - 1, node.config.quorum_timeout)
+    done = quorum_future(remote, node.config.quorum - 1, node.config.quorum_timeout)
+    # In flight meanwhile: a replica settling its own copy of the op waits (BUSY) for this
+    # outcome instead of taking the op for merely in doubt here, and a retry waits for it too.
+    inflight = node.inflight
+    inflight.setdefault(op_id, done)
+    try:
+        ok = await done
+    finally:
+        if inflight.get(op_id) is done:
+            del inflight[op_id]
     if ok and node.pending.pop(op_id, None) is not None:
         node.published([item])
         node.metrics.published_late += 1
+        # Say so when asked, like an op applied after a check: a replica that also holds it in
+        # doubt (and deferred to this one, the lower id) must then withdraw, and the entries
+        # anti-entropy merged meanwhile no longer tell the two applications apart.
+        node.checked.add(op_id)
     return ok
 
 
@@ -209,6 +354,7 @@ async def withdraw(node: Node, item: list[Any]) -> None:
     entry = [[table, key, {node.origin: [p, n]}]]
     for t in node.targets_of(table, key):
         node.links[t].call(Kind.REPAIR, entry).add_done_callback(_consume)
+    release_claims(node, table, key, op_id)  # taken by the settling HOLDS; the op stands elsewhere
     await node.log.append_nowait([rec])
 
 

@@ -17,11 +17,12 @@ from typing import Any
 import pytest
 from cluster_util import Client
 
+from cluster import recovery
 from cluster.config import NodeConfig, from_mapping
 from cluster.local import free_ports
 from cluster.ring import Ring
 from cluster.server import NodeServer
-from cluster.wire import Kind
+from cluster.wire import Kind, Status
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -242,3 +243,107 @@ async def test_retry_past_the_window_is_op_expired_never_a_second_count(tmp_path
             await converged(c, client, "late", 3)
     finally:
         await client.close()
+
+
+async def retry_until_acked(client: Client, url: str, key: str, op_id: str, delta: int,
+                            attempt: int = 3, table: str = "t") -> dict[str, Any]:
+    """The client's retries: the same op id until an answer (503 means retry)."""
+    deadline = time.monotonic() + 10
+    while True:
+        status, body = await client.add(url, table, key, op_id, delta, attempt=attempt)
+        if status == 200:
+            return dict(body)
+        assert status == 503 and time.monotonic() < deadline, (status, body)
+        attempt += 1
+        await asyncio.sleep(0.1)
+
+
+async def test_two_leaders_checking_one_op_at_once_never_both_apply(tmp_path: Path) -> None:
+    """Issue 4 (over-counts under the pause nemesis), forced. A primary that was paused resumes
+    with stale copies of an op (retries, so it checks them on the replicas) while the replica
+    that took over its keys is checking its own retry of the same op, waiting for the
+    primary's answer. Each answered the other's HOLDS "not held" (neither had applied yet),
+    both checks passed, both applied, and both reached a quorum (n3 took both REPLICATEs):
+    the op counted twice, as the chaos histories showed (the same op ids APPLYed by n2 and n3
+    5 ms apart, right after n2's SIGCONT). Now the first HOLDS to reach a replica claims the
+    op there and every other check of it answers 503 until that application arrives."""
+    key = key_with(("n1", "n2", "n3"))
+    client = Client()
+    try:
+        async with cluster(tmp_path) as c:
+            n1, n2 = c.servers["n1"].node, c.servers["n2"].node
+            op = ("t", key, "c6:1", 4, 2)
+            first = await asyncio.gather(n1.lead([op]), n2.lead([op]))
+            assert [s for (s,) in first].count(int(Status.APPLIED)) <= 1, first
+            await retry_until_acked(client, c.url("n1"), key, "c6:1", 4)
+            await converged(c, client, key, 4)
+            for n in ("n1", "n2", "n3"):  # every later copy is a duplicate, wherever it lands
+                assert await retry_until_acked(client, c.url(n), key, "c6:1", 4) == {
+                    "applied": False, "duplicate": True}
+            await converged(c, client, key, 4)
+            assert not n1.pending and not n2.pending
+    finally:
+        await client.close()
+
+
+async def test_a_check_older_than_its_lease_is_not_applied(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A leader paused between its check and its apply resumes with answers that may be stale:
+    the claims it got may have expired and another check passed meanwhile. It applies only
+    within its lease of sending the HOLDS; here every lease is already over (standing in for
+    a SIGSTOP longer than it), so the op answers 503 unapplied and its claims are given back."""
+    monkeypatch.setattr(recovery, "lease", lambda node, table: -1.0)
+    key = key_with(("n1", "n2", "n3"))
+    client = Client()
+    try:
+        async with cluster(tmp_path) as c:
+            n2 = c.servers["n2"].node
+            assert await n2.lead([("t", key, "c7:1", 5, 2)]) == [int(Status.UNAVAILABLE)]
+            assert not n2.pending
+
+            async def released() -> bool:
+                return not any(s.node.claims for s in c.servers.values())
+
+            await until(released, 5.0, "the claims given back")
+            await converged(c, client, key, 0)
+    finally:
+        await client.close()
+
+
+async def test_a_link_closed_while_connecting_reconnects(tmp_path: Path) -> None:
+    """``PeerLink._connect`` installs its protocol after ``create_connection`` returns. When
+    the peer closes at once (a link proxy whose node is not listening yet: the chaos runs'
+    start) ``connection_lost`` runs first, and the link kept a protocol without a transport:
+    every call queued, none sent, for good. The node saw that peer down for the whole run
+    (the runs that collapsed to ~100 adds), its in-doubt ops were never settled, and other
+    nodes pulled its entries by anti-entropy: over-counts. The heartbeat loop now drops such
+    a connection, so the next probe reconnects."""
+    key = key_with(("n1", "n2", "n3"))
+    client = Client()
+    try:
+        async with cluster(tmp_path) as c:
+            n1 = c.servers["n1"].node
+            link = n1.links["n2"]
+            await until(lambda: _true(link.connected), 5.0, "n1's link to n2")
+            proto = link._proto
+            assert proto is not None and proto.transport is not None
+            proto.transport.close()
+            await until(lambda: _true(proto.transport is None), 5.0, "the connection lost")
+            link._proto = proto  # the state the race leaves
+
+            async def reconnected() -> bool:
+                p = link._proto
+                return p is not None and p is not proto and p.transport is not None
+
+            await until(reconnected, 5.0, "n1 to reconnect to n2")
+            await asyncio.sleep(1.0)  # longer than failure_timeout: pings get answers again
+            assert n1.is_live("n2")
+            assert await client.add(c.url("n1"), "t", key, "c8:1", 2) == (
+                200, {"applied": True})
+            await converged(c, client, key, 2)
+    finally:
+        await client.close()
+
+
+async def _true(value: bool) -> bool:
+    return value

@@ -6,6 +6,8 @@ nemesis schedule plays; then heal, wait for quiet, read every replica, check lik
     python -m client.chaos --nodes http://h1:7101,http://h2:7101   # given nodes (no process
                                                                    # or peer faults)
     python -m client.chaos --check chaos-out/history.jsonl     # re-check a recorded history
+    python -m client.chaos --data-dir d --out o; python -m client.chaos --check o/history.jsonl \
+        --explain d                                       # which node applied each double
     python -m client.chaos --dedup                        # Fig. 14/15 + every dedup strategy
 
 Exit status: 0 valid, 1 a violation was found, 2 the run could not be made.
@@ -51,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rf", type=int, default=3)
     g.add_argument("--node-arg", action="append", default=[],
                    help="extra flag for every local node, e.g. --node-arg=--dedup=exact")
+    g.add_argument("--data-dir", default=None,
+                   help="keep the local nodes' data and logs (<id>.log) here after the run "
+                        "(default: a temporary directory, deleted)")
     g.add_argument("--no-peer-proxies", action="store_true",
                    help="let nodes talk directly (no partitions)")
     w = ap.add_argument_group("workload")
@@ -84,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--seed", type=int, default=None)
     o.add_argument("--no-progress", action="store_true")
     o.add_argument("--check", metavar="HISTORY", help="only run the checker on a history file")
+    o.add_argument("--explain", metavar="DATA_DIR",
+                   help="with --check: read the nodes' logs kept with --data-dir and list the "
+                        "ops counted more than once (which node applied each copy, and when)")
     o.add_argument("--dedup", action="store_true",
                    help="compare dedup strategies (Fig. 14, Fig. 15, table) instead")
     o.add_argument("--dedup-strategies", default=None,
@@ -112,15 +120,21 @@ def config_from_args(args: argparse.Namespace) -> ChaosConfig:
                        fault=args.fault, quiet_timeout=args.quiet_timeout,
                        repair_reads=args.repair_reads, out_dir=args.out, seed=args.seed,
                        progress=not args.no_progress,
-                       proxy_peers=False if args.no_peer_proxies else None)
+                       proxy_peers=False if args.no_peer_proxies else None,
+                       data_dir=args.data_dir)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.check:
-        rep = check(load(args.check))
+        events = load(args.check)
+        rep = check(events)
         print(json.dumps(rep.to_dict(), indent=2, default=str))
         print("VALID" if rep.valid else "INVALID: " + "; ".join(rep.problems))
+        if args.explain:
+            from client.chaos.forensics import explain
+
+            print(explain(args.explain, events))
         return 0 if rep.valid else 1
     try:
         cfg = config_from_args(args)

@@ -55,6 +55,10 @@ def render(res: ChaosResult) -> str:
     agreed = (f"agreed after {res.converged_after_s} s" if res.converged_after_s is not None
               else "did NOT agree within the quiet timeout")
     lines.append(f"  {len(r.finals)} keys, converged {conv}/{len(r.finals)}; replicas {agreed}")
+    left = res.extra.get("in_doubt_left")
+    if left:
+        lines.append("  in-doubt ops still unsettled at the final reads: "
+                     + ", ".join(f"{n}={v}" for n, v in sorted(left.items())))
     for f in r.finals[:20]:
         vals = " ".join(f"{n}={v}" for n, v in f.values.items())
         rng = _ranges(f.ranges)

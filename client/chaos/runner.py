@@ -28,7 +28,9 @@ class ChaosConfig:
     nemeses: names (None: every default one); quiet/fault: seconds ranges of the schedule;
     quiet_timeout: after healing, how long replicas may take to agree before the final reads;
     repair_reads: read every key at consistency=all once before the final reads (helps the
-    cluster converge by read repair; off by default so the report shows what it does alone)."""
+    cluster converge by read repair; off by default so the report shows what it does alone);
+    data_dir: where local nodes keep their logs and data, kept after the run (default: a
+    temporary directory, deleted)."""
 
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     nodes: int = 3
@@ -44,6 +46,7 @@ class ChaosConfig:
     seed: int | None = None
     progress: bool = True
     proxy_peers: bool | None = None
+    data_dir: str | None = None
 
 
 @dataclass(slots=True)
@@ -82,7 +85,8 @@ async def run_chaos(cfg: ChaosConfig) -> ChaosResult:
     started = time.monotonic()
     try:
         async with Topology(nodes=cfg.nodes, rf=cfg.rf, urls=cfg.urls, node_args=cfg.node_args,
-                            proxy_peers=cfg.proxy_peers, seed=rng.randrange(1 << 30)) as topo:
+                            proxy_peers=cfg.proxy_peers, seed=rng.randrange(1 << 30),
+                            data_dir=cfg.data_dir) as topo:
             nemeses, skipped = choose(cfg.nemeses, topo)
             workload = Workload(cfg.workload, topo.client_urls, history,
                                 seed=rng.randrange(1 << 30))
@@ -98,7 +102,7 @@ async def run_chaos(cfg: ChaosConfig) -> ChaosResult:
             await topo.heal()
             healthy = await topo.wait_healthy()
             await topo.wait_delivered(cfg.quiet_timeout)  # late copies still count
-            converged = await _final_reads(topo, history, cfg)
+            converged, in_doubt = await _final_reads(topo, history, cfg)
             stats, counters = workload.stats().as_dict(), topo.proxy_counters()
             ids, links = topo.ids, topo.peer_links
     finally:
@@ -108,7 +112,8 @@ async def run_chaos(cfg: ChaosConfig) -> ChaosResult:
         config=_config_dict(cfg), report=report, history_path=str(out / "history.jsonl"),
         played=schedule.played, skipped=skipped, nodes=ids, client_stats=stats,
         proxies=counters, latency_ms=latencies(history.events), converged_after_s=converged,
-        healthy=healthy, duration_s=round(time.monotonic() - started, 2), peer_links=links)
+        healthy=healthy, duration_s=round(time.monotonic() - started, 2), peer_links=links,
+        extra={"in_doubt_left": in_doubt})
     (out / "report.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))
     return result
 
@@ -137,9 +142,13 @@ def _status(history: History, schedule: Schedule) -> str:
             f"fail {c['add:fail']} reads {c['read:ok']} | nemesis {fault}")
 
 
-async def _final_reads(topo: Topology, history: History, cfg: ChaosConfig) -> float | None:
-    """Wait (up to quiet_timeout) until every node reports the same value for every key, then
-    record one final read per key per node. Returns seconds until agreement, None if never."""
+async def _final_reads(topo: Topology, history: History, cfg: ChaosConfig
+                       ) -> tuple[float | None, dict[str, int]]:
+    """Wait (up to quiet_timeout) until every node reports the same value for every key and no
+    node holds in-doubt ops (applied as leader, their quorum failed, not settled yet: until
+    then a count may still include an application that will be withdrawn), then record one
+    final read per key per node. Returns seconds until that quiet, None if never, and the
+    in-doubt ops each node still held."""
     table, keys = cfg.workload.table, cfg.workload.key_names()
     urls = dict(topo.node_urls)
     start = time.monotonic()
@@ -152,8 +161,10 @@ async def _final_reads(topo: Topology, history: History, cfg: ChaosConfig) -> fl
                     await c.get(table, key, "all")
         while True:
             seen = await _read_all(c, table, keys, urls)
+            in_doubt = await _in_doubt(c, urls)
             if all(len({v for v in per.values() if v is not None}) == 1
-                   and None not in per.values() for per in seen.values()):
+                   and None not in per.values() for per in seen.values()) and not any(
+                    in_doubt.values()):
                 agreed = round(time.monotonic() - start, 2)
                 break
             if time.monotonic() - start > cfg.quiet_timeout:
@@ -171,7 +182,19 @@ async def _final_reads(topo: Topology, history: History, cfg: ChaosConfig) -> fl
                                    error=str(exc)[:200])
                 else:
                     history.record(proc, "ok", "final-read", value, key=hkey, node=node_id)
-    return agreed
+    return agreed, {n: v for n, v in in_doubt.items() if v}
+
+
+async def _in_doubt(c: CounterClient, urls: dict[str, str]) -> dict[str, int]:
+    """In-doubt ops per node (/v1/health); a node that does not say counts as one."""
+    async def one(url: str) -> int:
+        try:
+            return int((await c.health(url)).get("in_doubt", 0))
+        except (ClientError, ValueError, TypeError):
+            return 1
+
+    vals = await asyncio.gather(*(one(u) for u in urls.values()))
+    return dict(zip(urls, vals, strict=True))
 
 
 async def _read_all(c: CounterClient, table: str, keys: list[str],

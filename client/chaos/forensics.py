@@ -1,0 +1,106 @@
+"""Post-mortem of a chaos run: which node applied each op id, and when (``--explain``).
+
+A node logs every op it leads as an APPLY record (its origin ``<id>@<incarnation>``, the pair
+it raised, its clock), every op it merges from a leader as a REPLICA record, and every
+application it cancels as a WITHDRAW. Read from every node's log directory (read-only, torn
+tails skipped), they say which origins applied an op: more origins than withdrawals means the
+op counts more than once. Run it on a data directory kept with ``--data-dir``:
+
+    python -m client.chaos --nemesis pause --out out --data-dir data
+    python -m client.chaos --explain data --check out/history.jsonl
+
+Snapshots drop the log segments they cover, so runs longer than ``snapshot_interval`` (30 s)
+lose the records before it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cluster import wal
+
+APPLY, REPLICA, WITHDRAW = (int(wal.RecordKind.APPLY), int(wal.RecordKind.REPLICA),
+                            int(wal.RecordKind.WITHDRAW))
+
+
+def records(node_dir: Path) -> Iterator[wal.LogRecord]:
+    """Every whole record of one node's log, in order (segments only, nothing modified)."""
+    log_dir = node_dir / "log"
+    if not log_dir.is_dir():
+        return
+    segments, _snapshots = wal._list_dir(log_dir)
+    for seq in sorted(segments):
+        buf = segments[seq].read_bytes()
+        yield from wal._decode_segment(segments[seq], buf[:wal._scan(buf)])
+
+
+@dataclass
+class OpTrace:
+    op_id: str
+    table: str = ""
+    key: str = ""
+    delta: int = 0
+    # origin -> [(node whose log says so, "APPLY"/"REPLICA", leader's clock, p, n)]
+    applied: dict[str, list[tuple[str, str, float, int, int]]] = field(
+        default_factory=lambda: defaultdict(list))
+    withdrawn: list[tuple[str, str, float]] = field(default_factory=list)  # (node, origin, ts)
+
+    @property
+    def counted(self) -> int:
+        """Applications that stand: origins that applied it, less withdrawals."""
+        return len(self.applied) - len(self.withdrawn)
+
+
+def trace(data_dir: str | Path) -> dict[str, OpTrace]:
+    """op id -> its applications across every node directory under ``data_dir``."""
+    out: dict[str, OpTrace] = {}
+    for node_dir in sorted(p for p in Path(data_dir).iterdir() if p.is_dir()):
+        for r in records(node_dir):
+            if not r.op_id or r.kind not in (APPLY, REPLICA, WITHDRAW):
+                continue
+            t = out.get(r.op_id)
+            if t is None:
+                t = out[r.op_id] = OpTrace(r.op_id, r.table, r.key, r.delta)
+            if r.kind == WITHDRAW:
+                t.withdrawn.append((node_dir.name, r.origin, r.ts))
+            else:
+                t.applied[r.origin].append((node_dir.name, "APPLY" if r.kind == APPLY
+                                            else "REPLICA", r.ts, r.p, r.n))
+    return out
+
+
+def explain(data_dir: str | Path, events: Sequence[dict[str, Any]] = ()) -> str:
+    """A report of every op counted more than once (and the ones withdrawn), with what the
+    history says about each."""
+    traces = trace(data_dir)
+    by_op = {e["op_id"]: e for e in events
+             if e.get("f") == "add" and e.get("type") != "invoke" and e.get("op_id")}
+    starts = {e["index"]: e for e in events if e.get("process") == "nemesis"}
+    lines = []
+    twice = [t for t in traces.values() if t.counted > 1]
+    multi = [t for t in traces.values() if len(t.applied) > 1]
+    lines.append(f"{len(traces)} op ids in the logs; {len(multi)} applied by more than one "
+                 f"origin, {sum(1 for t in multi if t.withdrawn)} of them withdrawn; "
+                 f"counted more than once: {len(twice)}")
+    if starts:
+        lines.append("nemesis: " + "; ".join(
+            f"{e['time']:.2f} {e['f']} {e['value']} {e.get('detail', {}).get('node', '')}"
+            .rstrip() for e in starts.values()))
+    for t in sorted(twice, key=lambda t: min(x[2] for xs in t.applied.values() for x in xs)):
+        h = by_op.get(t.op_id, {})
+        lines.append(f"{t.op_id} on {t.table}/{t.key} delta {t.delta}: counted {t.counted} "
+                     f"times; history: {h.get('type', '?')} after {h.get('attempts', '?')} "
+                     f"attempt(s){' (duplicate)' if h.get('duplicate') else ''}")
+        for origin, rows in t.applied.items():
+            lead = [r for r in rows if r[1] == "APPLY"]
+            at = lead[0] if lead else rows[0]
+            holders = ",".join(sorted({r[0] for r in rows}))
+            lines.append(f"  {origin:<8} applied at {at[2]:.3f} (p={at[3]} n={at[4]}), "
+                         f"logged by {holders}")
+        for node, origin, ts in t.withdrawn:
+            lines.append(f"  withdrawn by {node} ({origin}) at {ts:.3f}")
+    return "\n".join(lines)
