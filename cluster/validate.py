@@ -3,8 +3,9 @@
 Names (tables and keys) match ``[A-Za-z0-9_.:-]{1,128}``; an op id is a non-empty string of at
 most ``max_op_id_bytes`` UTF-8 bytes; ``delta`` is an int (not a bool) in signed 64-bit range;
 ``attempt`` (>= 1), ``age_ms`` (>= 0) and ``ts_ms`` (the op's creation, client wall clock) are
-optional ints. A batch is checked whole before any op runs; the first bad op rejects the batch with
-a message naming its index, ``ops[i].field``. Bodies may nest at most ``max_depth`` objects or
+optional ints. An op id holds no control characters (U+0000-U+001F, U+007F). A batch is checked
+whole before any op runs; the first bad op rejects the batch with a message naming its index,
+``ops[i].field``. Bodies may nest at most ``max_depth`` objects or
 arrays deep (an op in a batch is at depth 3); the decoders themselves stop at their own
 recursion limits, so no body can make decoding slow.
 
@@ -25,6 +26,7 @@ import msgpack
 from cluster.errors import BadRequest
 
 NAME_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # not in an op id: a log frame header needs a NUL
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 CONSISTENCIES = ("one", "quorum", "all")
 
@@ -99,6 +101,8 @@ def check_op(op: Any, table: str, key: str, *, max_op_id_bytes: int,
     op_id = op.get("op_id")
     if not isinstance(op_id, str) or not op_id:
         raise BadRequest(f"{where}op_id: required, a non-empty string", code="bad_op_id")
+    if _CONTROL.search(op_id):
+        raise BadRequest(f"{where}op_id: control characters are not allowed", code="bad_op_id")
     try:
         too_long = len(op_id) > max_op_id_bytes or len(op_id.encode()) > max_op_id_bytes
     except UnicodeEncodeError as exc:  # a lone surrogate ("\ud800" in JSON) has no UTF-8
@@ -141,7 +145,7 @@ def check_batch(body: Any, *, max_ops: int, max_op_id_bytes: int,
             table, key, op_id, delta = op.get("table"), op.get("key"), op.get("op_id"), op.get(
                 "delta")
             if (type(table) is str and table in known and type(key) is str and key in known
-                    and type(op_id) is str and op_id.isascii()  # ASCII: a char a byte
+                    and type(op_id) is str and op_id.isascii() and op_id.isprintable()
                     and 0 < len(op_id) <= max_op_id_bytes
                     and type(delta) is int and INT64_MIN <= delta <= INT64_MAX):
                 out.append((table, key, op_id, delta, 1, 0))

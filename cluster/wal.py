@@ -319,28 +319,13 @@ def _scan(buf: bytes) -> int:
     return off
 
 
-def _find_later_record(buf: bytes, bad: int) -> int | None:
-    """In the segment holding the bad frame at ``bad``: the offset of a valid record after it,
-    which makes the bad frame corruption rather than a torn tail; None when there is none.
-
-    A frame whose declared length runs past the segment's end is what a crash mid-write
-    leaves. Its bytes hold client data (an op id can carry any bytes, a valid-looking frame
-    included), so a frame found inside them counts only when valid records run on from it to
-    the segment's very end, as the records after a damaged length field do."""
-    length = _FRAME.unpack_from(buf, bad)[0] if len(buf) - bad >= _FRAME.size else 0
-    torn_end = bad + _FRAME.size + length
-    if not (0 < length <= MAX_RECORD_BYTES and torn_end > len(buf)):
-        torn_end = bad  # not a frame cut short: any valid record after it is evidence
-    start = bad + 1
-    while (found := _find_record(buf, start)) is not None:
-        if found >= torn_end or found + _scan(buf[found:]) == len(buf):
-            return found
-        start = found + 1
-    return None
-
-
 def _find_record(buf: bytes, start: int) -> int | None:
-    """First offset >= start holding a frame that passes its checksum and decodes.
+    """First offset >= start holding a frame that passes its checksum and decodes to records
+    with fields of the right types.
+
+    A torn record's bytes hold client data, but an op id cannot hide a frame in them: a frame
+    header holds a NUL byte (its length's high byte), and ``cluster.validate`` refuses control
+    characters in op ids; a frame from a foreign source must also decode to well-typed fields.
 
     Only used after a bad frame, to tell a torn tail from corruption. Reading a u32 at every
     byte offset with numpy leaves only the few offsets whose length is plausible for the
@@ -501,7 +486,7 @@ def _repair_tail(paths: list[Path], fsync: bool) -> list[int]:
         if bad == len(buf):
             continue
         for j in range(i, len(bufs)):
-            found = _find_later_record(bufs[j], bad) if j == i else _find_record(bufs[j], 0)
+            found = _find_record(bufs[j], bad + 1 if j == i else 0)
             if found is not None:
                 raise LogCorruptError(
                     paths[i],
