@@ -102,22 +102,6 @@ class FailureDetector:
                     "silent_s": round(now - d.last, 3)} for p, d in self.peers.items()}
 
 
-def _revive(link: Any) -> None:
-    """Drop a link's connection if it is already closed. ``PeerLink._connect`` installs the
-    protocol after ``create_connection`` returns; when the peer closes at once (a link proxy
-    whose upstream node is not listening yet) ``connection_lost`` runs before that, and the
-    link then holds a protocol without a transport: it queues every call and sends none, for
-    good, so the peer looks down from this side for the whole run (the chaos runs that
-    collapsed to ~100 adds, and two over-counts: the stranded node's in-doubt ops never got
-    settled). Seeing it here reconnects it at the next probe. (The fix belongs in
-    ``PeerLink._connect``: check ``proto.transport`` after the await.)"""
-    proto = getattr(link, "_proto", None)
-    if proto is not None and getattr(proto, "transport", True) is None:
-        log.info("link to %s lost its connection while connecting: reconnecting",
-                 getattr(link, "peer_id", "?"))
-        link._on_lost(None)
-
-
 async def heartbeat_loop(node: Node, detector: FailureDetector, interval: float) -> None:
     """Every ``interval``: ping every peer; each answer is a heartbeat (with the peer's ready
     flag). A ping answered late still counts: arrival times are what phi measures."""
@@ -131,7 +115,6 @@ async def heartbeat_loop(node: Node, detector: FailureDetector, interval: float)
 
     while True:
         for peer, link in node.links.items():
-            _revive(link)
             fut = link.call(Kind.PING, [{"ready": node.ready}], probe=True)
             fut.add_done_callback(functools.partial(answered, peer))
         detector.check_all()

@@ -312,6 +312,13 @@ class PeerLink:
             return
         finally:
             self._connecting = None
+        if proto.transport is None:  # closed before we resumed (a proxy whose node is down):
+            # connection_lost ran while no protocol was installed; installing it now would
+            # leave a link that queues every call and sends none
+            if record_failure:
+                self._last_failure = time.monotonic()
+            self._fail_all(PeerError(f"connection to peer {self.peer_id} closed at once"))
+            return
         proto.peer_id = self.peer_id
         proto.send(MAGIC + proto.encode(Kind.HELLO, 0, {**hello, "version": PROTOCOL_VERSION}))
         self._proto = proto

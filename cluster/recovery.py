@@ -175,7 +175,8 @@ async def ask_holds(node: Node, table: str, key: str, op_id: str, mode: int = CL
     it after a check, entry of the key)). 0 from a replica asked with CLAIM is its claim."""
     others = [r for r in node.ring.preference_list(table, key) if r != node.id]
     futs = {r: node.links[r].call(Kind.HOLDS, [[table, key, op_id, mode]]) for r in others}
-    await asyncio.wait(futs.values(), timeout=node.config.quorum_timeout)
+    if futs:  # with rf = 1 there is nobody to ask
+        await asyncio.wait(futs.values(), timeout=node.config.quorum_timeout)
     out = []
     for r, fut in futs.items():
         if not fut.done():

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from cluster.errors import PeerError
 from cluster.listener import Listener
 from cluster.node import quorum_future
-from cluster.peer import PeerLink
+from cluster.peer import PeerLink, PeerProtocol
 from cluster.wire import HEADER, FrameDecoder, Kind, encode_frame
 
 pytestmark = pytest.mark.timeout(30)
@@ -153,3 +153,42 @@ async def test_quorum_future() -> None:
     slow = [loop.create_future()]
     assert await quorum_future(slow, 1, 0.01) is False
     assert await quorum_future([], 0, 1.0) is True
+
+
+async def test_a_connection_closed_before_connect_resumes_is_not_installed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The peer closes at once (a link proxy whose node is not listening yet): the connection
+    is lost before ``PeerLink._connect`` resumes. Installing that dead protocol left a link that
+    queued every call and sent none, for good (the chaos runs that collapsed, and over-counts:
+    the node's in-doubt ops never settled). Now the calls fail and the next one reconnects."""
+    handler = Echo()
+    server, port, _ = await serve(handler)
+    made = PeerProtocol.connection_made
+    first: list[bool] = []
+
+    def close_the_first(self: PeerProtocol, transport: asyncio.BaseTransport) -> None:
+        made(self, transport)
+        if self.on_reply is not None and not first:  # the dialing side, first connection only
+            first.append(True)
+            transport.close()  # connection_lost runs before _connect resumes
+
+    monkeypatch.setattr(PeerProtocol, "connection_made", close_the_first)
+    link = PeerLink("me", "them", "127.0.0.1", port)
+    try:
+        with pytest.raises(PeerError):
+            await asyncio.wait_for(link.call(Kind.READ, ["x"]), 5.0)
+        assert first and not link.connected
+        for _ in range(5):  # a call made while the dead attempt still ran fails with it
+            link.forget_failure()
+            try:
+                reply = await asyncio.wait_for(link.call(Kind.READ, ["y"]), 5.0)
+            except PeerError:
+                continue
+            assert reply == [["me", "y"]] and link.connected
+            break
+        else:
+            pytest.fail("the link never reconnected")
+    finally:
+        await link.stop()
+        server.close()
+        await server.wait_closed()

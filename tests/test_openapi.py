@@ -298,10 +298,6 @@ async def test_with_a_token_every_closed_operation_answers_401_as_documented(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="cluster/recovery.py ask_holds: with rf=1 a key has no "
-                   "other replica, asyncio.wait() gets an empty set and raises ValueError, so "
-                   "every retry (attempt >= 2) and every op older than failure_timeout/2 "
-                   "answers 500")
 async def test_single_replica_cluster_answers_retries() -> None:
     async with running_cluster(1, rf=1, extra_args=["--no-fsync"]) as c:
         client = Client()
