@@ -14,8 +14,7 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/python -m cluster.fbf_demo
-	$(BIN)/python -m client.chaos --duration 20 --out .demo-chaos \
-		--nemesis lost-ack,drop,duplicate,delay,reset,down
+	$(BIN)/python -m client.chaos --duration 20 --out .demo-chaos
 
 lint: $(STAMP)
 	$(BIN)/ruff check cluster client tests bench
