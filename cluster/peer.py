@@ -54,7 +54,7 @@ class PeerProtocol(asyncio.Protocol):
             self._decoder = FrameDecoder()
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def _accept(self, hello: Any, signed: bytes, trailer: bytes) -> Verifier:
+    def _accept(self, hello: Any, signed: bytes | memoryview, trailer: bytes) -> Verifier:
         assert self.auth is not None
         self.peer_id, self._signer, verifier = self.auth.accept(hello, signed, trailer)
         return verifier

@@ -71,7 +71,8 @@ def encode_frame(kind: int, req_id: int, body: Any, signer: Signer | None = None
     return signed + signer.trailer(signed)
 
 
-Accept = Callable[[Any, bytes, bytes], Verifier]  # (HELLO body, signed part, trailer) -> verifier
+# (HELLO body, signed part, trailer) -> verifier
+Accept = Callable[[Any, bytes | memoryview, bytes], Verifier]
 
 
 class FrameDecoder:
@@ -122,20 +123,24 @@ class FrameDecoder:
                 break
             payload = buf[start:stop]
             if signed:
-                head, trailer = bytes(buf[pos:stop]), bytes(buf[stop:stop + TRAILER_BYTES])
+                trailer = bytes(buf[stop:stop + TRAILER_BYTES])
+                # a view, not a copy, of what the MAC covers; released before buf is resized
+                with memoryview(buf)[pos:stop] as head:
+                    if self._accept is None:
+                        assert self._verifier is not None
+                        accepted = self._verifier.check(head, trailer)
+                        frame = _decode(payload) if accepted else None
+                    else:  # the connection's first frame: a HELLO that names its keys
+                        frame = _decode(payload)
+                        if frame[0] != Kind.HELLO:
+                            raise AuthError("bad_hello",
+                                            f"first frame is kind {frame[0]}, not HELLO")
+                        self._verifier = self._accept(frame[2], head, trailer)
+                        self._accept = None
                 pos = stop + TRAILER_BYTES
-                if self._accept is None:
-                    assert self._verifier is not None
-                    if not self._verifier.check(head, trailer):
-                        self.dropped += 1
-                        continue
-                    frames.append(_decode(payload))
-                else:  # the connection's first frame: a HELLO that names its keys
-                    frame = _decode(payload)
-                    if frame[0] != Kind.HELLO:
-                        raise AuthError("bad_hello", f"first frame is kind {frame[0]}, not HELLO")
-                    self._verifier = self._accept(frame[2], head, trailer)
-                    self._accept = None
+                if frame is None:
+                    self.dropped += 1
+                else:
                     frames.append(frame)
             else:
                 pos = stop

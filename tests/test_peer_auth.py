@@ -282,3 +282,15 @@ async def test_a_node_without_the_secret_cannot_join(tmp_path: Any) -> None:
         await client.close()
         await cluster.stop()
         await cluster.abort()
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.binary(max_size=100), st.binary(max_size=3000))
+def test_the_frame_mac_is_hmac_sha256(key: bytes, message: bytes) -> None:
+    import hashlib
+    import hmac
+
+    from cluster.auth import _HmacSha256
+
+    assert _HmacSha256(key).mac(message[:7], message[7:]) == hmac.digest(key, message,
+                                                                          hashlib.sha256)
