@@ -16,7 +16,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -333,29 +333,31 @@ class Node:
     async def _lead_now(self, ops: list[Op]) -> list[int]:
         """Dedup, apply, log and replicate a batch this node leads; statuses in op order.
         Ops claimed for another node's check, and checked ops whose lease ran out (this node
-        was paused after its check), answer 503 unapplied (``cluster.recovery``)."""
-        if self.leases or self.claims:
-            refused = self._refused(ops)
-            if refused:
-                statuses = [_UNAVAILABLE] * len(ops)
-                keep = [i for i in range(len(ops)) if i not in refused]
-                if keep:  # no await before the apply: the admission still holds there
-                    led = await self._lead_admitted([ops[i] for i in keep])
-                    for i, st in zip(keep, led, strict=True):
-                        statuses[i] = st
-                return statuses
-        return await self._lead_admitted(ops)
+        was paused after its check), answer 503 unapplied (``cluster.recovery``); ops that
+        would overflow their entry answer ``counter_overflow`` (``_overflowing``)."""
+        refused = self._refused(ops) if self.leases or self.claims else {}
+        if self._near_limit or sum(abs(op[3]) for op in ops) >= _SAFE_ENTRY:
+            refused.update(self._overflowing(ops, refused))
+        if not refused:
+            return await self._lead_admitted(ops)
+        statuses = [refused.get(i, _UNAVAILABLE) for i in range(len(ops))]
+        keep = [i for i in range(len(ops)) if i not in refused]
+        if keep:  # no await before the apply: the admission still holds there
+            led = await self._lead_admitted([ops[i] for i in keep])
+            for i, st in zip(keep, led, strict=True):
+                statuses[i] = st
+        return statuses
 
-    def _refused(self, ops: Sequence[Op]) -> set[int]:
-        """Indexes of the ops this node must not apply now (see ``_lead_now``)."""
-        refused: set[int] = set()
+    def _refused(self, ops: Sequence[Op]) -> dict[int, int]:
+        """Ops this node must not apply now (see ``_lead_now``): index -> 503."""
+        refused: dict[int, int] = {}
         now = time.monotonic()
         leases, claims, me = self.leases, self.claims, self.id
         for i, (table, key, op_id, _delta, _attempt) in enumerate(ops):
             deadline = leases.pop(op_id, None)
             if deadline is not None:
                 if now > deadline:
-                    refused.add(i)
+                    refused[i] = _UNAVAILABLE
                     log.info("op %s passed its check %.3f s ago: stale, not applied", op_id,
                              now - deadline)
                     recovery.release_claims(self, table, key, op_id)
@@ -365,7 +367,7 @@ class Node:
             if claims:
                 holder = claims.holder(op_id)
                 if holder is not None and holder != me:
-                    refused.add(i)
+                    refused[i] = _UNAVAILABLE
         self.metrics.unavailable += len(refused)
         return refused
 
@@ -388,10 +390,6 @@ class Node:
             list[tuple[int, asyncio.Future[bool]]]]:
         """The synchronous part: no await between the dedup check, the apply and the log
         append (one columnar frame for the batch); the append's future, None if no op was new."""
-        if self._near_limit or sum(abs(op[3]) for op in ops) >= _SAFE_ENTRY:
-            refused = self._overflowing(ops)
-            if refused:
-                return self._apply_refusing(ops, refused)
         me, now = self.origin, self.clock()
         dups = self.state.seen_or_add_many(ops, 0, 2)
         apply_local = self.state.shards.apply_local
@@ -429,15 +427,17 @@ class Node:
         own = self.log.append_columns_nowait(APPLY, op_ids, tables, keys, deltas, me, ps, ns, now)
         return statuses, own, groups, dup_waits
 
-    def _overflowing(self, ops: Sequence[Op]) -> dict[int, int]:
-        """Ops that would raise this node's own entry of their key past 2^64 - 1, the most the
-        log, the peer frames and the snapshots carry: index -> status. Such an op is refused
-        (``counter_overflow``) and its id is not remembered, unless the dedup already holds
-        it: a retry of an op applied before is still answered as a duplicate."""
+    def _overflowing(self, ops: Sequence[Op], skip: Mapping[int, int]) -> dict[int, int]:
+        """Ops (not in ``skip``) that would raise this node's own entry of their key past
+        2^64 - 1, the most the log, the peer frames and the snapshots carry: index -> status.
+        Such an op is refused (``counter_overflow``) and its id is not remembered, unless the
+        dedup already holds it: a retry of an op applied before is still a duplicate."""
         own_pair, dedup = self.state.shards.own_pair, self.state.dedup
         totals: dict[tuple[str, str], list[int]] = {}
         refused: dict[int, int] = {}
         for i, (table, key, op_id, delta, _attempt) in enumerate(ops):
+            if i in skip:
+                continue
             total = totals.get((table, key))
             if total is None:
                 total = totals[(table, key)] = list(own_pair(table, key))
@@ -446,19 +446,8 @@ class Node:
                 refused[i] = _DUPLICATE if op_id.encode() in dedup(table) else _OVERFLOW
             else:
                 total[side] += abs(delta)
-        return refused
-
-    def _apply_refusing(self, ops: Sequence[Op], refused: dict[int, int]) -> tuple[
-            list[int], asyncio.Future[None] | None, dict[tuple[str, ...], list[list[Any]]],
-            list[tuple[int, asyncio.Future[bool]]]]:
-        """``_apply_batch`` for the ops not in ``refused``; the refused keep their status."""
-        keep = [i for i in range(len(ops)) if i not in refused]
-        statuses, own, groups, dup_waits = self._apply_batch([ops[i] for i in keep])
-        out = [refused.get(i, _OVERFLOW) for i in range(len(ops))]
-        for i, status in zip(keep, statuses, strict=True):
-            out[i] = status
         self.metrics.overflows += sum(1 for s in refused.values() if s == _OVERFLOW)
-        return out, own, groups, [(keep[j], wait) for j, wait in dup_waits]
+        return refused
 
     def targets_of(self, table: str, key: str) -> tuple[str, ...]:
         """The key's replicas other than this node (cached per preference list)."""
