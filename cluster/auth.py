@@ -38,11 +38,12 @@ import secrets
 import stat
 import struct
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 from cluster.errors import ConfigError, PeerError
+from cluster.metrics import Refusals
 
 log = logging.getLogger("cluster.auth")
 
@@ -165,8 +166,6 @@ class PeerAuth:
 
     ``secret=None`` turns authentication off (frames unsigned, and signed ones refused)."""
 
-    REASONS = REASONS
-
     def __init__(self, node_id: str, secret: bytes | None, *, skew: float = DEFAULT_SKEW,
                  clock: Any = time.time, max_nonces: int = 100_000) -> None:
         self.node_id = node_id
@@ -178,9 +177,9 @@ class PeerAuth:
         # The nonce memory dies with the process: a HELLO from before this process started
         # could be a recorded one that a previous incarnation already accepted.
         self.started = clock()
-        self.rejected: Counter[str] = Counter()
+        # ``reject(reason, peer, detail)``: count a refused frame or connection, and log it
+        self.reject = Refusals(log, "peer traffic refused", REASONS, source="peer")
         self.accepted = 0
-        self._last_logged: dict[str, float] = {}
 
     @property
     def enabled(self) -> bool:
@@ -240,13 +239,3 @@ class PeerAuth:
         if nonce in nonces:
             raise AuthError("replayed_hello", "HELLO nonce already used")
         nonces[nonce] = now
-
-    def reject(self, reason: str, peer: str, detail: object) -> None:
-        """Count a refused frame or connection and log it (once per reason every 10 s)."""
-        self.rejected[reason] += 1
-        now = time.monotonic()
-        if now - self._last_logged.get(reason, -1e9) >= 10.0:
-            self._last_logged[reason] = now
-            log.warning("peer traffic refused", extra={"fields": {
-                "reason": reason, "peer": peer, "detail": str(detail),
-                "refused_so_far": self.rejected[reason]}})

@@ -17,13 +17,13 @@ import asyncio
 import json
 import logging
 import ssl
-import time
 from collections import Counter
 from collections.abc import Callable
 
 from cluster.auth import PeerAuth
 from cluster.config import NodeConfig
 from cluster.errors import ClusterError, ConfigError, RequestTimeout, TooManyConnections
+from cluster.metrics import Refusals
 from cluster.peer import Handler, PeerProtocol
 from cluster.wire import MAGIC
 
@@ -47,17 +47,10 @@ class EdgeStats:
     REASONS = ("too_many_connections", "header_timeout")
 
     def __init__(self) -> None:
-        self.refused: Counter[str] = Counter()
+        # ``refuse(reason, client)``: count a refused connection, and log it
+        self.refuse = Refusals(log, "client connection refused", self.REASONS,
+                               source="client")
         self.open_connections = 0
-        self._last_logged: dict[str, float] = {}
-
-    def refuse(self, reason: str, client: str) -> None:
-        self.refused[reason] += 1
-        now = time.monotonic()
-        if now - self._last_logged.get(reason, -1e9) >= 10.0:  # at most one line per 10 s
-            self._last_logged[reason] = now
-            log.warning("client connection refused", extra={"fields": {
-                "reason": reason, "client": client, "refused_so_far": self.refused[reason]}})
 
 
 class HttpGuard(asyncio.Protocol):

@@ -7,7 +7,10 @@ Hand-written because the hot path only bumps plain ints and one ``bisect`` per r
 from __future__ import annotations
 
 import bisect
+import logging
 import math
+import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +45,30 @@ class Histogram:
         out.append(f"{name}_sum{lab} {self.total}")
         out.append(f"{name}_count{lab} {self.count}")
         return out
+
+
+class Refusals:
+    """Things refused at the door, counted by reason (each reason one of ``reasons``, the
+    labels always exported) and logged at most once per reason every ``log_every`` seconds:
+    whoever sends junk cannot flood the log."""
+
+    def __init__(self, logger: logging.Logger, what: str, reasons: Sequence[str], *,
+                 source: str, log_every: float = 10.0) -> None:
+        self.counts: Counter[str] = Counter()
+        self.reasons = tuple(reasons)
+        self._log, self._what, self._source, self._every = logger, what, source, log_every
+        self._last_logged: dict[str, float] = {}
+
+    def __call__(self, reason: str, source: str, detail: object = None) -> None:
+        self.counts[reason] += 1
+        now = time.monotonic()
+        if now - self._last_logged.get(reason, -1e9) >= self._every:
+            self._last_logged[reason] = now
+            fields = {"reason": reason, self._source: source}
+            if detail is not None:
+                fields["detail"] = str(detail)
+            self._log.warning(self._what, extra={"fields": {
+                **fields, "refused_so_far": self.counts[reason]}})
 
 
 @dataclass
@@ -173,14 +200,14 @@ def render(node: Any, auth: Any = None, edge: Any = None) -> str:
     if auth is not None:
         _refusals(ex, "idc_peer_auth_rejected_total",
                   "peer frames or connections refused by authentication, by reason",
-                  auth.rejected, auth.REASONS)
+                  auth.reject)
         ex.simple("idc_peer_auth_accepted_total", "counter",
                   "inbound peer connections whose signed HELLO checked out", auth.accepted)
         ex.simple("idc_peer_auth_enabled", "gauge", "1 when peer frames are signed",
                   int(auth.enabled))
     if edge is not None:
         _refusals(ex, "idc_http_refused_total", "client connections refused at the door",
-                  edge.refused, edge.REASONS)
+                  edge.refuse)
         ex.simple("idc_http_connections", "gauge", "client HTTP connections open",
                   edge.open_connections)
     ex.histogram("idc_request_seconds", "HTTP request latency by route",
@@ -188,11 +215,10 @@ def render(node: Any, auth: Any = None, edge: Any = None) -> str:
     return ex.render()
 
 
-def _refusals(ex: Exposition, name: str, help_text: str, counts: Any,
-              reasons: Any) -> None:
+def _refusals(ex: Exposition, name: str, help_text: str, refusals: Refusals) -> None:
     ex.family(name, "counter", help_text)
-    for reason in sorted(set(reasons) | set(counts)):
-        ex.sample(name, counts.get(reason, 0), {"reason": reason})
+    for reason in sorted(set(refusals.reasons) | set(refusals.counts)):
+        ex.sample(name, refusals.counts.get(reason, 0), {"reason": reason})
 
 
 def _dedup_families(ex: Exposition, node: Any) -> None:
