@@ -256,19 +256,3 @@ def server_ssl(config: NodeConfig) -> ssl.SSLContext | None:
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(f"tls_cert/tls_key: cannot load: {exc}") from exc
     return ctx
-
-
-def peer_ssl(config: NodeConfig) -> ssl.SSLContext | None:
-    """How this node dials peers over TLS: checked against ``tls_ca`` when given (no host name
-    check: peers are addressed by IP); without a CA it only encrypts, and the HMAC on every
-    frame is what authenticates the peer."""
-    if config.tls_cert is None:
-        return None
-    if config.tls_ca is not None:
-        ctx = ssl.create_default_context(cafile=config.tls_ca)
-        ctx.check_hostname = False
-        return ctx
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
-    return ctx

@@ -22,12 +22,13 @@ from typing import Any
 
 from cluster import antientropy, recovery
 from cluster.antientropy import Hints
+from cluster.auth import PeerAuth, load_secret
 from cluster.batching import TickBatcher
 from cluster.config import NodeConfig
 from cluster.errors import PeerError, Unavailable
 from cluster.failure import FailureDetector
 from cluster.metrics import NodeMetrics
-from cluster.peer import PeerLink
+from cluster.peer import PeerLink, peer_ssl
 from cluster.quorum import next_incarnation, quorum_future
 from cluster.reads import read_counter
 from cluster.records import make_record
@@ -88,10 +89,14 @@ class Node:
         self.state = NodeState(config, clock=clock)
         self.origin = self.id  # becomes "<id>@<incarnation>" in recover()
         self.log = DurableLog(Path(config.data_dir) / "log", fsync=config.fsync)
+        secret = load_secret(config.secret_file) if config.secret_file else None
+        self.auth = PeerAuth(self.id, secret, skew=config.peer_auth_skew)
+        link_ssl = peer_ssl(config)
         self.links: dict[str, PeerLink] = {
             pid: PeerLink(self.id, pid, *config.dial_addr(pid),
                           connect_timeout=config.peer_connect_timeout,
-                          max_inflight_frames=config.max_inflight_frames)
+                          max_inflight_frames=config.max_inflight_frames, auth=self.auth,
+                          ssl_context=link_ssl)
             for pid, _, _ in config.peers if pid != self.id
         }
         self.metrics = NodeMetrics()

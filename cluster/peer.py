@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from cluster.auth import AuthError, PeerAuth, Signer, Verifier
+from cluster.config import NodeConfig
 from cluster.errors import PeerError
 from cluster.wire import MAGIC, PROTOCOL_VERSION, FrameDecoder, Kind, encode_frame
 
@@ -161,10 +162,11 @@ class PeerLink:
 
     def __init__(self, own_id: str, peer_id: str, host: str, port: int, *,
                  connect_timeout: float = 1.0, retry_interval: float = 0.2,
-                 max_inflight_frames: int = 0, auth: PeerAuth | None = None) -> None:
+                 max_inflight_frames: int = 0, auth: PeerAuth | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.own_id, self.peer_id, self.host, self.port = own_id, peer_id, host, port
         self.auth = auth if auth is not None else PeerAuth(own_id, None)
-        self.ssl: ssl.SSLContext | None = None  # TLS to the peer (cluster.listener.peer_ssl)
+        self.ssl = ssl_context  # TLS to the peer (``peer_ssl``)
         # Frames of one kind allowed unanswered at once (0: no limit). While the limit is
         # reached, calls accumulate into the next frame: bigger frames exactly when busy.
         self.max_inflight_frames = max_inflight_frames
@@ -369,3 +371,19 @@ def close_all(protocols: set[asyncio.Protocol]) -> None:
         if transport is not None:
             with contextlib.suppress(Exception):
                 transport.close()
+
+
+def peer_ssl(config: NodeConfig) -> ssl.SSLContext | None:
+    """How this node dials peers over TLS: checked against ``tls_ca`` when given (no host name
+    check: peers are addressed by IP); without a CA it only encrypts, and the HMAC on every
+    frame is what authenticates the peer."""
+    if config.tls_cert is None:
+        return None
+    if config.tls_ca is not None:
+        ctx = ssl.create_default_context(cafile=config.tls_ca)
+        ctx.check_hostname = False
+        return ctx
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx

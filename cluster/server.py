@@ -15,12 +15,11 @@ from typing import Any, TextIO
 from aiohttp import web
 
 from cluster.antientropy import antientropy_loop
-from cluster.auth import PeerAuth, load_secret
 from cluster.config import NodeConfig
 from cluster.errors import ClusterError, ConfigError
 from cluster.failure import heartbeat_loop
 from cluster.http_api import Edge, http_protocol, load_tokens, make_app
-from cluster.listener import Listener, peer_ssl, server_ssl
+from cluster.listener import Listener, server_ssl
 from cluster.node import Node
 from cluster.peer import close_all
 from cluster.recovery import settle_loop
@@ -34,11 +33,6 @@ class NodeServer:
     def __init__(self, config: NodeConfig, *, ready_stream: TextIO | None = None) -> None:
         self.config = config
         self.node = Node(config)
-        secret = load_secret(config.secret_file) if config.secret_file else None
-        self.auth = PeerAuth(config.node_id, secret, skew=config.peer_auth_skew)
-        link_ssl = peer_ssl(config)
-        for link in self.node.links.values():
-            link.auth, link.ssl = self.auth, link_ssl
         self.listener: Listener | None = None
         self.ready_stream = ready_stream
         self.address: tuple[str, int] | None = None
@@ -60,11 +54,11 @@ class NodeServer:
         replayed = await self.node.recover()
         cfg = self.config
         self.listener = listener = Listener(
-            self._http_protocol, self.node.handle_peer, self._inbound, auth=self.auth,
+            self._http_protocol, self.node.handle_peer, self._inbound, auth=self.node.auth,
             header_timeout=cfg.header_timeout,
             max_connections_per_client=cfg.max_connections_per_client)
         tokens = load_tokens(cfg.token_file) if cfg.token_file else frozenset()
-        app = make_app(self.node, Edge(listener, self.auth, tokens))
+        app = make_app(self.node, Edge(listener, self.node.auth, tokens))
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None,
                                      shutdown_timeout=cfg.drain_timeout,
                                      keepalive_timeout=cfg.idle_timeout,
@@ -77,7 +71,7 @@ class NodeServer:
         self._server = await loop.create_server(
             listener.protocol, host, port, reuse_address=True, backlog=2048,
             ssl=server_ssl(cfg))
-        if not self.auth.enabled:
+        if not self.node.auth.enabled:
             log.warning("no --secret-file: peer traffic is not authenticated; anyone who can "
                         "reach this port can forge replication (tests and trusted hosts only)")
         sockname = self._server.sockets[0].getsockname()
