@@ -218,12 +218,15 @@ class Hints:
         sent = 0
         while q:
             items = [q.popleft() for _ in range(min(chunk, len(q)))]
+            send = node.shareable(items)  # published state only, as it stands now
+            if not send:
+                continue
             try:
-                await asyncio.wait_for(node.links[peer].call(Kind.REPLICATE, items),
+                await asyncio.wait_for(node.links[peer].call(Kind.REPLICATE, send),
                                        node.config.quorum_timeout * 2)
             except Exception:  # noqa: BLE001 - still down: keep them for the next time
                 q.extendleft(reversed(items))
                 return sent
-            sent += len(items)
+            sent += len(send)
         node.metrics.hints_delivered += sent
         return sent

@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=help_text, metavar=typ.__name__.upper())
     ap.add_argument("--fsync", action=argparse.BooleanOptionalAction, default=None,
                     help="fsync the log before acknowledging (default on)")
+    ap.add_argument("--keep-log", action="store_true", default=None,
+                    help="archive the log segments a snapshot covers (log/archive/) instead of "
+                         "deleting them, for post-mortems (python -m client.chaos --explain)")
     ap.add_argument("--config", default=None, help="JSON or TOML file with the same fields")
     ap.add_argument("--log-level", default="INFO")
     return ap
@@ -93,6 +96,8 @@ def config_from_args(argv: Sequence[str] | None = None) -> tuple[NodeConfig, str
             values[name] = value
     if args.fsync is not None:
         values["fsync"] = args.fsync
+    if args.keep_log:
+        values["keep_log"] = True
     return from_mapping(values), args.log_level
 
 

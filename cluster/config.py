@@ -15,6 +15,9 @@ Every field, its default and its constraint (durations are float seconds):
     target_fpp = 1e-6   false-positive target of the filters; 0 < fpp < 1
     max_dedup_bytes     optional memory cap handed to the dedup strategies
     fsync = True        fsync the log before acknowledging (group commit)
+    keep_log = False    move the log segments a snapshot covers to <data_dir>/log/archive/
+                        instead of deleting them (for ``python -m client.chaos --explain``;
+                        the archive grows without bound)
     secret_file         cluster secret: every peer frame is signed with HMAC-SHA256 under keys
                         derived from it (cluster.auth); without it peers are not authenticated
     peer_auth_skew = 30.0   a peer HELLO whose clock is further off than this is refused, and
@@ -124,6 +127,7 @@ class NodeConfig:
     target_fpp: float = 1e-6
     max_dedup_bytes: int | None = None
     fsync: bool = True
+    keep_log: bool = False
     secret_file: str | None = None
     peer_auth_skew: float = 30.0
     token_file: str | None = None

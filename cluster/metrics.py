@@ -87,6 +87,8 @@ class NodeMetrics:
     snapshots: int = 0
     published_late: int = 0
     withdrawn: int = 0
+    fenced: int = 0
+    deferred: int = 0
     antientropy_keys: int = 0
     hints_delivered: int = 0
     retry_checks: int = 0
@@ -175,6 +177,8 @@ def render(node: Any, auth: Any = None, edge: Any = None) -> str:
         ("snapshots", "snapshots written"),
         ("published_late", "in-doubt ops published after their first quorum failed"),
         ("withdrawn", "in-doubt ops withdrawn because another leader applied them"),
+        ("fenced", "op copies refused as a replica: the op was claimed for another leader"),
+        ("deferred", "ops that waited for an unpublished op on the same key"),
         ("antientropy_keys", "keys exchanged by anti-entropy"),
         ("hints_delivered", "hinted writes delivered to a replica that came back"),
         ("retry_checks", "ops checked on the other replicas before being applied"),

@@ -78,6 +78,32 @@ def _unstamped(body: list[list[Any]], stale_after_ms: int) -> list[Op]:
         out.append((table, key, op_id, delta, attempt))
     return out
 
+def _with_flags(out: asyncio.Future[Any], flags: list[bool], durable: asyncio.Future[Any]
+                ) -> None:
+    """``out`` gets the per-item flags once ``durable`` is (TickBatcher slices them per frame)."""
+    if out.done():
+        return
+    if durable.cancelled():
+        out.cancel()
+    elif durable.exception() is not None:
+        out.set_exception(durable.exception())  # type: ignore[arg-type]
+    else:
+        out.set_result(flags)
+
+
+def _frame_reply(out: asyncio.Future[Any], merged: asyncio.Future[Any]) -> None:
+    """A REPLICATE frame's reply: None once durable, False if any of its ops was refused."""
+    if out.done():
+        return
+    if merged.cancelled():
+        out.cancel()
+    elif merged.exception() is not None:
+        out.set_exception(merged.exception())  # type: ignore[arg-type]
+    else:
+        result = merged.result()
+        out.set_result(False if isinstance(result, list) and not all(result) else None)
+
+
 class Node:
     """One cluster member: owns the log, the peer links and the state; the HTTP layer calls it."""
 
@@ -88,7 +114,8 @@ class Node:
         self.ring = Ring([p[0] for p in config.peers], vnodes=config.vnodes, rf=config.rf)
         self.state = NodeState(config, clock=clock)
         self.origin = self.id  # becomes "<id>@<incarnation>" in recover()
-        self.log = DurableLog(Path(config.data_dir) / "log", fsync=config.fsync)
+        self.log = DurableLog(Path(config.data_dir) / "log", fsync=config.fsync,
+                              archive=config.keep_log)
         secret = load_secret(config.secret_file) if config.secret_file else None
         self.auth = PeerAuth(self.id, secret, skew=config.peer_auth_skew)
         link_ssl = peer_ssl(config)
@@ -101,6 +128,10 @@ class Node:
         }
         self.metrics = NodeMetrics()
         self._inflight: dict[str, asyncio.Future[bool]] = {}
+        # (table, key) -> resolved when this node's last unpublished op on the key is settled
+        self._key_free: dict[tuple[str, str], asyncio.Future[None]] = {}
+        # (table, key, origin) -> resolved when the settle pass under way for it ends
+        self.settling: dict[tuple[str, str, str], asyncio.Future[None]] = {}
         self._leads: TickBatcher[Op] = TickBatcher(self._lead_now)
         self._replicas: TickBatcher[list[Any]] = TickBatcher(self._replicate_now)
         self._targets: dict[tuple[str, ...], tuple[str, ...]] = {}
@@ -181,7 +212,7 @@ class Node:
         if blob is not None:
             self.state.load_blob(blob)
         count = 0
-        replay, pending = self.state.replay, self.state.pending
+        replay, pending = self.state.replay, dict(self.state.pending)
         for rec in self.log.replay():
             kind = rec.kind
             if kind in (APPLY, REPLICA, WITHDRAW):
@@ -194,6 +225,7 @@ class Node:
                 pending.pop(rec.op_id, None)
                 if kind == WITHDRAW:
                     self.state.withdrawn[rec.op_id] = rec.ts
+        self.state.set_pending(list(pending.values()))  # unpublished: hidden until settled
         self.metrics.replayed = count
         if count or blob is not None:  # a restart: others may have led our keys meanwhile
             self._degraded_until = time.monotonic() + self.config.window
@@ -335,11 +367,32 @@ class Node:
     def lead_plain(self, ops: Sequence[Op]) -> asyncio.Future[list[int]]:
         return self._leads.submit(list(ops))
 
-    async def _lead_now(self, ops: list[Op]) -> list[int]:
+    async def _lead_now(self, ops: list[Op], deadline: float | None = None) -> list[int]:
         """Dedup, apply, log and replicate a batch this node leads; statuses in op order.
         Ops claimed for another node's check, and checked ops whose lease ran out (this node
         was paused after its check), answer 503 unapplied (``cluster.recovery``); ops that
-        would overflow their entry answer ``counter_overflow`` (``_overflowing``)."""
+        would overflow their entry answer ``counter_overflow`` (``_overflowing``). Ops on a key
+        that still has an unpublished op here wait for it (``_lead_later``)."""
+        later: list[int] = []
+        if self.state.pending:
+            busy, own = self.state.busy, self.origin
+            later = [i for i, op in enumerate(ops) if busy(op[0], op[1], own)]
+        if later:
+            self.metrics.deferred += len(later) if deadline is None else 0
+            waiting = set(later)
+            ready = [i for i in range(len(ops)) if i not in waiting]
+            deferred = asyncio.ensure_future(self._lead_later([ops[i] for i in later], deadline))
+            statuses = [_UNAVAILABLE] * len(ops)
+            if ready:  # no await before the apply of the ready ones
+                for i, st in zip(ready, await self._lead_ready([ops[i] for i in ready]),
+                                 strict=True):
+                    statuses[i] = st
+            for i, st in zip(later, await deferred, strict=True):
+                statuses[i] = st
+            return statuses
+        return await self._lead_ready(ops)
+
+    async def _lead_ready(self, ops: list[Op]) -> list[int]:
         refused = self._refused(ops) if self.leases or self.claims else {}
         if self._near_limit or sum(abs(op[3]) for op in ops) >= _SAFE_ENTRY:
             refused.update(self._overflowing(ops, refused))
@@ -352,6 +405,47 @@ class Node:
             for i, st in zip(keep, led, strict=True):
                 statuses[i] = st
         return statuses
+
+    async def _lead_later(self, ops: list[Op], deadline: float | None) -> list[int]:
+        """Ops on keys with an unpublished op of this node: applied once it is published or
+        settled, never beside it. Their pair would carry its delta (pairs are cumulative), so
+        it would become visible with them before it is known to stand. Keys whose op stays in
+        doubt past ``quorum_timeout`` (a partition) answer 503."""
+        loop = asyncio.get_running_loop()
+        if deadline is None:
+            deadline = loop.time() + self.config.quorum_timeout
+        waits = []
+        busy, own = self.state.busy, self.origin
+        for table, key in {(op[0], op[1]) for op in ops}:
+            if not busy(table, key, own):
+                continue  # settled since: go on at once
+            fut = self._key_free.get((table, key))
+            if fut is None:
+                fut = self._key_free[(table, key)] = loop.create_future()
+            waits.append(fut)
+            unpublished = self.state.unpublished(table, key, self.origin)
+            if unpublished and not any(item[0] in self._inflight for item in unpublished):
+                self.spawn(recovery.settle_key(self, table, key, self.origin))
+        remaining = deadline - loop.time()
+        if waits and remaining > 0:
+            await asyncio.wait(waits, timeout=remaining)
+        if loop.time() >= deadline and all(busy(op[0], op[1], own) for op in ops):
+            self.metrics.unavailable += len(ops)
+            return [_UNAVAILABLE] * len(ops)
+        return await self._lead_now(ops, deadline)
+
+    def release(self, op_ids: Iterable[str]) -> None:
+        """These unpublished ops are published or withdrawn: visible (or cancelled) now; ops
+        waiting for their key go on."""
+        release, free = self.state.release, self._key_free
+        for op_id in op_ids:
+            item = release(op_id)
+            if item is not None and free:
+                fut = free.get((item[1], item[2]))
+                if fut is not None and not self.state.busy(item[1], item[2], self.origin):
+                    del free[(item[1], item[2])]
+                    if not fut.done():
+                        fut.set_result(None)
 
     def _refused(self, ops: Sequence[Op]) -> dict[int, int]:
         """Ops this node must not apply now (see ``_lead_now``): index -> 503."""
@@ -367,7 +461,7 @@ class Node:
                              now - deadline)
                     recovery.release_claims(self, table, key, op_id)
                 else:
-                    claims.drop(op_id)  # applied now: the dedup answers for it
+                    claims.applied(op_id)  # applied now: the dedup answers for it
                 continue
             if claims:
                 holder = claims.holder(op_id)
@@ -399,7 +493,7 @@ class Node:
         dups = self.state.seen_or_add_many(ops, 0, 2)
         apply_local = self.state.shards.apply_local
         targets_of = self.targets_of
-        inflight, pending = self._inflight, self.state.pending
+        inflight, pending, hold = self._inflight, self.state.pending, self.state.hold
         statuses: list[int] = []
         rows: list[tuple[str, str, str, int, int, int]] = []
         groups: dict[tuple[str, ...], list[list[Any]]] = {}
@@ -417,7 +511,8 @@ class Node:
             statuses.append(_APPLIED)
             rows.append((op_id, table, key, delta, p, n))
             targets = targets_of(table, key)
-            item = pending[op_id] = [op_id, table, key, me, p, n, delta, now]
+            item = [op_id, table, key, me, p, n, delta, now]
+            hold(item)  # unpublished: hidden from everyone else until its quorum acks
             group = groups.get(targets)
             if group is None:
                 groups[targets] = [item]
@@ -489,9 +584,7 @@ class Node:
                 if inflight.get(op[0]) is done:
                     del inflight[op[0]]
             if f.result():
-                pending = self.state.pending
-                for op in items:
-                    pending.pop(op[0], None)
+                self.release([op[0] for op in items])
                 self.published(items)
 
         done.add_done_callback(forget)
@@ -548,21 +641,58 @@ class Node:
     # -- replica ---------------------------------------------------------------------------
 
     def on_replicate(self, items: list[list[Any]]) -> asyncio.Future[Any]:
-        """Merged with the other REPLICATE frames of this loop turn; resolves once durable."""
-        return self._replicas.submit(items)
+        """Merged with the other REPLICATE frames of this loop turn; resolves once durable:
+        None, or False when some of the frame's ops were refused (``_fenced``)."""
+        done = asyncio.get_running_loop().create_future()
+        self._replicas.submit(items).add_done_callback(functools.partial(_frame_reply, done))
+        return done
 
-    def _replicate_now(self, items: list[list[Any]]) -> asyncio.Future[None]:
+    def _replicate_now(self, items: list[list[Any]]) -> asyncio.Future[Any]:
+        flags = self._fenced(items) if self.claims else None
+        if flags is not None:
+            items = [item for item, ok in zip(items, flags, strict=True) if ok]
         self.state.seen_or_add_many(items, 1, 0)  # learn the ids: dedup state stays in sync
         claims = self.claims
         if claims:  # the application arrived: the dedup answers for these ops now
             for item in items:
-                claims.drop(item[0])
+                claims.applied(item[0])
         self.state.shards.merge_items(items)
         self.metrics.replicated_in += len(items)
         if not items:
-            return self.log.append_nowait([])
-        op_id, table, key, origin, p, n, delta, ts = zip(*items, strict=True)
-        return self.log.append_columns_nowait(REPLICA, op_id, table, key, delta, origin, p, n, ts)
+            durable = self.log.append_nowait([])
+        else:
+            op_id, table, key, origin, p, n, delta, ts = zip(*items, strict=True)
+            durable = self.log.append_columns_nowait(REPLICA, op_id, table, key, delta, origin,
+                                                     p, n, ts)
+        if flags is None:
+            return durable
+        out: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        durable.add_done_callback(functools.partial(_with_flags, out, flags))
+        return out
+
+    def _fenced(self, items: list[list[Any]]) -> list[bool] | None:
+        """Per item, False for a copy of an op claimed here for (or applied by) another node
+        than its origin's: a leader that was cut off or paused while a replica that took over
+        applied the op after a check. Merging it would count the op twice, so the copy is
+        refused, and so is every later item of the same key and origin in the frame (its pair
+        carries the refused delta). None when nothing is refused."""
+        fence = self.claims.fence
+        flags: list[bool] | None = None
+        cut: set[tuple[str, str, str]] = set()
+        for i, item in enumerate(items):
+            k = (item[1], item[2], item[3])
+            if k not in cut:
+                holder = fence(item[0])
+                if holder is None or holder == item[3].partition("@")[0]:
+                    continue
+                cut.add(k)
+                log.info("refused %s's copy of op %s: claimed for %s", item[3], item[0], holder)
+            if flags is None:
+                flags = [True] * len(items)
+            flags[i] = False
+        if flags is not None:
+            self.metrics.fenced += flags.count(False)
+        return flags
 
     def on_repair(self, items: list[list[Any]], op_id: str = "") -> asyncio.Future[None]:
         records = []
@@ -574,6 +704,20 @@ class Node:
                     records.append(LogRecord(REPLICA, op_id, table, key, 0, origin, p, n, now))
         self.metrics.repairs_in += len(records)
         return self.log.append_nowait(records)
+
+    def shareable(self, items: list[list[Any]]) -> list[list[Any]]:
+        """REPLICATE items queued earlier (hints), as they may be sent now: ops still
+        unpublished or withdrawn left out, and each pair the visible one of its key and origin
+        (never less than the item's own once it is published)."""
+        pending, withdrawn, pair = self.state.pending, self.state.withdrawn, self.state.shards.pair
+        out = []
+        for item in items:
+            if item[0] in pending or item[0] in withdrawn:
+                continue
+            op_id, table, key, origin = item[0], item[1], item[2], item[3]
+            p, n = pair(table, key, origin)
+            out.append([op_id, table, key, origin, p, n, item[6], item[7]])
+        return out
 
     def on_read(self, items: list[list[str]]) -> list[dict[str, list[int]]]:
         entry = self.state.shards.entry

@@ -85,21 +85,23 @@ class Checked:
 
 
 class Claims:
-    """op id -> (node, expiry on the monotonic clock): this node promised ``node`` that no
-    other check of the op passes here (and that it applies no copy itself) until the promise
-    expires or the op's application arrives (then the dedup answers for it). Bounded: the
-    oldest claims go first (only ever ones whose REPLICATE never came)."""
+    """op id -> (node, expiry on the monotonic clock, applied): this node promised ``node``
+    that no other check of the op passes here (and that it applies no copy itself) until the
+    promise expires. Once ``node``'s application arrives the dedup answers for the op, and the
+    claim stays only as a *fence*: a copy of the op from any other leader (a REPLICATE that a
+    partition or a pause held back) is refused, so it never becomes visible here next to the
+    application that stands. Bounded: the oldest claims go first."""
 
     def __init__(self, clock: Any = time.monotonic) -> None:
         self.clock = clock
-        self._c: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._c: OrderedDict[str, tuple[str, float, bool]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._c)
 
     def __bool__(self) -> bool:
-        """Any live claim (expired ones at the front are dropped first: the write path asks
-        this before every batch, and checks claims only when there are some)."""
+        """Any live claim or fence (expired ones at the front are dropped first: the write
+        path asks this before every batch, and checks claims only when there are some)."""
         c = self._c
         if c:
             now = self.clock()
@@ -107,24 +109,32 @@ class Claims:
                 c.popitem(last=False)
         return bool(c)
 
-    def holder(self, op_id: str) -> str | None:
-        """The node holding a live claim on ``op_id``, or None."""
+    def _live(self, op_id: str) -> tuple[str, float, bool] | None:
         got = self._c.get(op_id)
-        if got is None:
-            return None
-        if got[1] <= self.clock():
+        if got is not None and got[1] <= self.clock():
             del self._c[op_id]
             return None
-        return got[0]
+        return got
+
+    def holder(self, op_id: str) -> str | None:
+        """The node holding a live claim on ``op_id`` whose application has not arrived yet."""
+        got = self._live(op_id)
+        return got[0] if got is not None and not got[2] else None
+
+    def fence(self, op_id: str) -> str | None:
+        """The node the op is promised to (claimed, or applied after its claim), or None: a
+        copy of the op applied by any other node must not be merged here."""
+        got = self._live(op_id)
+        return got[0] if got is not None else None
 
     def take(self, op_id: str, node: str, life: float) -> bool:
         """Claim ``op_id`` for ``node`` (or renew its claim); False when another node holds it."""
-        held = self.holder(op_id)
-        if held is not None and held != node:
+        got = self._live(op_id)
+        if got is not None and got[0] != node:
             return False
         now = self.clock()
         c = self._c
-        c[op_id] = (node, now + life)
+        c[op_id] = (node, now + life, got is not None and got[2])
         c.move_to_end(op_id)
         while c and (len(c) > MAX_CLAIMS or next(iter(c.values()))[1] <= now):
             c.popitem(last=False)
@@ -132,11 +142,18 @@ class Claims:
 
     def release(self, op_id: str, node: str) -> None:
         got = self._c.get(op_id)
-        if got is not None and got[0] == node:
+        if got is not None and got[0] == node and not got[2]:
             del self._c[op_id]
 
+    def applied(self, op_id: str) -> None:
+        """The holder's application arrived (or was made here): the dedup answers for the op
+        from now on; the claim stays as a fence until it expires."""
+        got = self._c.get(op_id)
+        if got is not None and not got[2]:
+            self._c[op_id] = (got[0], got[1], True)
+
     def drop(self, op_id: str) -> None:
-        """The op's application arrived: the dedup answers for it from now on."""
+        """Forget the claim (the op is known to be held elsewhere)."""
         self._c.pop(op_id, None)
 
 
@@ -288,71 +305,161 @@ def _covers(entry: CounterEntry, item: Sequence[Any]) -> bool:
     return p >= item[4] and n >= item[5]
 
 
-async def settle(node: Node, items: list[list[Any]]) -> list[bool]:
-    """Settle in-doubt ops (``[op_id, table, key, origin, p, n, delta, ts]`` each): withdraw
-    those another leader applied, publish the rest. True for each op settled."""
-    results = await asyncio.gather(*(settle_one(node, item) for item in items))
-    return list(results)
-
-
 async def settle_one(node: Node, item: list[Any]) -> bool:
-    op_id, table, key = item[0], item[1], item[2]
-    if op_id not in node.pending:
+    """Settle the in-doubt op ``item`` (and the ops before it on its key); True once it is
+    published or withdrawn."""
+    if item[0] not in node.pending:
         return True
-    answered, answers = await ask_holds(node, table, key, op_id)
-    if op_id not in node.pending:
+    waiting = node.inflight.get(item[0])  # its quorum (or a publication) is under way
+    if waiting is not None and await asyncio.shield(waiting):
         return True
-    # Another leader applied it: it applied it after a check, or holds the id without our pair
-    # (our replication never reached it), or holds it in doubt too; then the higher node id
-    # withdraws and the lower one publishes, so exactly one application stays.
-    # A replica that withdrew its own copy deferred to another application, perhaps ours: the
-    # id it holds then says nothing about a third one.
-    if any(held == BUSY for _, held, _, _ in answers):
-        return False  # another application or check of it is open there: ask again later
+    await settle_key(node, item[1], item[2], item[3])
+    return item[0] not in node.pending
+
+
+async def settle_key(node: Node, table: str, key: str, origin: str) -> None:
+    """Settle the in-doubt ops of one key and origin, one pass at a time per key (a second
+    caller waits for the pass under way)."""
+    k = (table, key, origin)
+    running = node.settling.get(k)
+    if running is not None:
+        await asyncio.shield(running)
+        return
+    done = node.settling[k] = asyncio.get_running_loop().create_future()
+    try:
+        await _settle_key(node, table, key, origin)
+    finally:
+        del node.settling[k]
+        done.set_result(None)
+
+
+async def _settle_key(node: Node, table: str, key: str, origin: str) -> None:
+    """In the order they were applied, withdraw the ops another leader applied and publish
+    the rest; stop at the first one that cannot be decided yet.
+
+    A pair carries every earlier op of its origin on the key, so they are settled in order,
+    and each publication sends the pair of exactly what is settled so far: the visible pair
+    plus the ops being published. Nothing that may still be withdrawn ever leaves this node.
+    """
+    items = node.state.unpublished(table, key, origin)
+    if not items or any(item[0] in node.inflight for item in items):
+        return  # empty, or a quorum is still being waited for: its outcome decides
+    answered, answers = await ask_holds_many(node, table, key, [item[0] for item in items])
+    run: list[list[Any]] = []
+    for i, item in enumerate(items):
+        if item[0] not in node.pending:
+            return  # settled meanwhile by another path: ask again next time
+        verdict = _verdict(node, item, answered, [(r, a[i], e) for r, a, e in answers])
+        if verdict == "publish":
+            run.append(item)
+            continue
+        if run and not await _publish(node, table, key, origin, run):
+            return
+        run = []
+        if verdict == "withdraw":
+            await withdraw(node, item)
+        else:
+            return  # undecided: the ops after it wait with it
+    if run:
+        await _publish(node, table, key, origin, run)
+
+
+def _verdict(node: Node, item: list[Any], answered: int,
+             answers: list[tuple[str, tuple[int, bool], CounterEntry]]) -> str:
+    """"withdraw" when another leader applied the op: it applied it after a check, or holds
+    the id without our pair (our replication never reached it), or holds it in doubt too and
+    has the lower node id (so exactly one application stays); "publish" when enough replicas
+    answered and none did; "wait" when a replica has another application or check of it open,
+    or too few answered. A replica that withdrew its own copy deferred to another application,
+    perhaps ours: the id it holds then says nothing about a third one."""
+    if any(held == BUSY for _, (held, _), _ in answers):
+        return "wait"
     me = node.id
-    deferred = any(held == WITHDRAWN for _, held, _, _ in answers)
-    other = any((held == IN_DOUBT and r < me) or (held == HELD and checked)
-                or (held == HELD and not deferred and not _covers(entry, item))
-                for r, held, checked, entry in answers)
-    if other:
-        await withdraw(node, item)
-        return True
+    deferred = any(held == WITHDRAWN for _, (held, _), _ in answers)
+    if any((held == IN_DOUBT and r < me) or (held == HELD and checked)
+           or (held == HELD and not deferred and not _covers(entry, item))
+           for r, (held, checked), entry in answers):
+        return "withdraw"
     if answered < node.ring.rf - node.config.quorum:
-        return False  # a replica that applied it may be among the silent ones
+        return "wait"  # a replica that applied it may be among the silent ones
+    return "publish"
+
+
+async def ask_holds_many(node: Node, table: str, key: str, op_ids: list[str]
+                         ) -> tuple[int, list[tuple[str, list[tuple[int, bool]], CounterEntry]]]:
+    """``ask_holds`` for several ops of one key in one frame per replica (claiming each):
+    (replicas that answered, per replica its answers in op order and the key's entry)."""
+    others = [r for r in node.ring.preference_list(table, key) if r != node.id]
+    futs = {r: node.links[r].call(Kind.HOLDS, [[table, key, op_id, CLAIM] for op_id in op_ids])
+            for r in others}
+    if futs:
+        await asyncio.wait(futs.values(), timeout=node.config.quorum_timeout)
+    out = []
+    for r, fut in futs.items():
+        if not fut.done():
+            fut.cancel()
+        elif fut.exception() is None:
+            got = fut.result()
+            if len(got) != len(op_ids):
+                continue
+            out.append((r, [(int(held), bool(checked)) for held, checked, _ in got],
+                        CounterEntry.from_wire(got[0][2]) if got else CounterEntry()))
+    return len(out), out
+
+
+async def _publish(node: Node, table: str, key: str, origin: str,
+                   run: list[list[Any]]) -> bool:
+    """Replicate in-doubt ops again, with the pair of everything settled up to them; True once
+    a quorum holds them (they are visible then)."""
+    p, n = node.state.shards.pair(table, key, origin)
+    for item in run:
+        if item[6] >= 0:
+            p += item[6]
+        else:
+            n -= item[6]
+    sent = [[item[0], table, key, origin, p, n, item[6], item[7]] for item in run]
     targets = node.targets_of(table, key)
-    remote = [node.links[t].call(Kind.REPLICATE, [item]) for t in targets]
+    remote = [node.links[t].call(Kind.REPLICATE, sent) for t in targets]
     done = quorum_future(remote, node.config.quorum - 1, node.config.quorum_timeout)
     # In flight meanwhile: a replica settling its own copy of the op waits (BUSY) for this
     # outcome instead of taking the op for merely in doubt here, and a retry waits for it too.
     inflight = node.inflight
-    inflight.setdefault(op_id, done)
+    for item in run:
+        inflight.setdefault(item[0], done)
     try:
         ok = await done
     finally:
-        if inflight.get(op_id) is done:
-            del inflight[op_id]
-    if ok and node.pending.pop(op_id, None) is not None:
-        node.published([item])
-        node.metrics.published_late += 1
-        # Say so when asked, like an op applied after a check: a replica that also holds it in
-        # doubt (and deferred to this one, the lower id) must then withdraw, and the entries
-        # anti-entropy merged meanwhile no longer tell the two applications apart.
-        node.checked.add(op_id)
+        for item in run:
+            if inflight.get(item[0]) is done:
+                del inflight[item[0]]
+    if ok:
+        live = [item for item in run if item[0] in node.pending]
+        node.release([item[0] for item in live])
+        node.published(live)
+        node.metrics.published_late += len(live)
+        for item in live:
+            # Say so when asked, like an op applied after a check: a replica that also holds it
+            # in doubt (and deferred to this one, the lower id) must then withdraw, and the
+            # entries anti-entropy merged meanwhile no longer tell the two applications apart.
+            node.checked.add(item[0])
     return ok
 
 
 async def withdraw(node: Node, item: list[Any]) -> None:
-    """Cancel this node's application of an op another leader applied: a compensating delta
-    on this node's current origin, logged (WITHDRAW) and pushed to the replicas."""
-    op_id, table, key, delta = item[0], item[1], item[2], item[6]
-    if node.pending.pop(op_id, None) is None:
+    """Cancel this node's application of an op another leader applied. It was never visible
+    (its delta hidden, no later pair of its key carrying it), so the cancellation is a
+    compensating delta on the op's own origin and key: the op's pair and its compensation
+    become visible together, value-neutral. Logged (WITHDRAW) and pushed to the replicas."""
+    op_id, table, key, origin, delta = item[0], item[1], item[2], item[3], item[6]
+    if op_id not in node.pending:
         return
+    p, n = node.state.shards.compensate(table, key, origin, delta)
     node.state.withdrawn[op_id] = node.clock()
-    p, n = node.state.shards.apply_local(table, key, -delta)
-    rec = make_record(WITHDRAW, op_id, table, key, -delta, node.origin, p, n, node.clock())
+    node.release([op_id])
+    rec = make_record(WITHDRAW, op_id, table, key, -delta, origin, p, n, node.clock())
     node.metrics.withdrawn += 1
     log.info("withdrew in-doubt op %s on %s/%s (applied by another leader)", op_id, table, key)
-    entry = [[table, key, {node.origin: [p, n]}]]
+    entry = [[table, key, {origin: list(node.state.shards.pair(table, key, origin))}]]
     for t in node.targets_of(table, key):
         node.links[t].call(Kind.REPAIR, entry).add_done_callback(_consume)
     release_claims(node, table, key, op_id)  # taken by the settling HOLDS; the op stands elsewhere
@@ -365,12 +472,14 @@ def _consume(fut: asyncio.Future[Any]) -> None:
 
 
 async def settle_all(node: Node, min_age: float = 0.0) -> int:
-    """One pass over the in-doubt ops not currently waiting for their quorum; how many remain."""
+    """One pass over the keys with in-doubt ops not currently waiting for their quorum (all
+    keys at once, each key's ops in order); how many ops remain unpublished."""
     now = node.clock()
-    items = [item for op_id, item in list(node.pending.items())
-             if op_id not in node.inflight and now - item[7] >= min_age]
-    if items:
-        await settle(node, items)
+    keys = [k for k in node.state.unpublished_keys()
+            if any(now - item[7] >= min_age and item[0] not in node.inflight
+                   for item in node.state.unpublished(*k))]
+    if keys:
+        await asyncio.gather(*(settle_key(node, *k) for k in keys))
     return len(node.pending)
 
 

@@ -7,6 +7,14 @@ state never counts twice. The value is ``sum(P) - sum(N)``. Pure: no I/O, no clo
 ``CounterEntry`` is the full state of one key (reads, repairs, tests of the merge laws);
 ``ShardStore`` holds many keys compactly: one flat list ``[P0, N0, P1, N1, ...]`` per key,
 indexed by a per-store origin number, which costs far less memory than a dict per key.
+
+**Hidden deltas.** A leader raises its own pair when it applies an op, before the op is on a
+quorum. Until then the op is unpublished and must be invisible to everyone else (it may yet be
+withdrawn, because another leader applied it). The store keeps, per key and origin, the sum of
+such deltas (``hide``/``unhide``); ``entry`` and ``value`` (what reads, repairs, anti-entropy and
+peers see) subtract them, while ``own_pair`` and the rows themselves stay the local truth that
+the next op's pair is computed from. A visible pair only ever grows: a delta is hidden as it is
+applied and unhidden once it is published, or once a compensation cancels it (``compensate``).
 """
 
 from __future__ import annotations
@@ -97,13 +105,15 @@ class CounterEntry:
 class ShardStore:
     """Every key's entry on one node; ``own`` is the origin this node raises."""
 
-    __slots__ = ("own", "_origins", "_index", "_tables", "keys")
+    __slots__ = ("own", "_origins", "_index", "_tables", "keys", "_hidden")
 
     def __init__(self, own: str) -> None:
         self.own = own
         self._origins: list[str] = []
         self._index: dict[str, int] = {}
         self._tables: dict[str, dict[str, list[int]]] = {}
+        # (table, key) -> origin -> [P, N] applied here but not published (module docstring)
+        self._hidden: dict[tuple[str, str], dict[str, list[int]]] = {}
         self.keys = 0
         self._origin(own)  # index 0: apply_local touches row[0] and row[1] only
 
@@ -179,15 +189,83 @@ class ShardStore:
                 row[i + 1] = n
 
     def own_pair(self, table: str, key: str) -> Pair:
+        """This node's own pair as applied here (hidden deltas included)."""
         row = self._tables.get(table, {}).get(key)
         return (row[0], row[1]) if row else (0, 0)
 
+    def hide(self, table: str, key: str, origin: str, delta: int) -> None:
+        """``delta``, applied to ``origin``'s pair, is not published: keep it out of sight."""
+        by_origin = self._hidden.get((table, key))
+        if by_origin is None:
+            by_origin = self._hidden[(table, key)] = {}
+        pn = by_origin.get(origin)
+        if pn is None:
+            pn = by_origin[origin] = [0, 0]
+        if delta >= 0:
+            pn[0] += delta
+        else:
+            pn[1] -= delta
+
+    def unhide(self, table: str, key: str, origin: str, delta: int) -> None:
+        """``delta`` is published (or compensated): it is part of the visible pair again."""
+        by_origin = self._hidden.get((table, key))
+        if by_origin is None:
+            return
+        pn = by_origin.get(origin)
+        if pn is None:
+            return
+        if delta >= 0:
+            pn[0] -= delta
+        else:
+            pn[1] += delta
+        if pn[0] <= 0 and pn[1] <= 0:
+            del by_origin[origin]
+            if not by_origin:
+                del self._hidden[(table, key)]
+
+    def clear_hidden(self) -> None:
+        self._hidden.clear()
+
+    def has_hidden(self, table: str, key: str) -> bool:
+        return (table, key) in self._hidden
+
+    def compensate(self, table: str, key: str, origin: str, delta: int) -> Pair:
+        """Cancel an applied ``delta`` of ``origin`` by raising the pair's other side by as
+        much (P and N only grow); the new pair."""
+        i = 2 * self._origin(origin)
+        row = self._row(table, key, i + 2)
+        if delta >= 0:
+            row[i + 1] += delta
+        else:
+            row[i] -= delta
+        return row[i], row[i + 1]
+
+    def pair(self, table: str, key: str, origin: str, *, visible: bool = True) -> Pair:
+        """``origin``'s pair of one key: as others may see it, or as applied here."""
+        row = self._tables.get(table, {}).get(key)
+        i = self._index.get(origin)
+        if not row or i is None or 2 * i >= len(row):
+            return (0, 0)
+        p, n = row[2 * i], row[2 * i + 1]
+        if visible:
+            hid = self._hidden.get((table, key), {}).get(origin)
+            if hid is not None:
+                p, n = max(0, p - hid[0]), max(0, n - hid[1])
+        return p, n
+
     def entry(self, table: str, key: str) -> CounterEntry:
+        """The key's entry as others may see it: unpublished deltas left out."""
         row = self._tables.get(table, {}).get(key)
         if not row:
             return CounterEntry()
         origins = self._origins
-        return CounterEntry({origins[j // 2]: (row[j], row[j + 1]) for j in range(0, len(row), 2)})
+        pairs = {origins[j // 2]: (row[j], row[j + 1]) for j in range(0, len(row), 2)}
+        hidden = self._hidden.get((table, key))
+        if hidden:
+            for origin, (hp, hn) in hidden.items():
+                p, n = pairs.get(origin, (0, 0))
+                pairs[origin] = (max(0, p - hp), max(0, n - hn))
+        return CounterEntry(pairs)
 
     def merge_entry(self, table: str, key: str, entry: CounterEntry) -> bool:
         changed = False
@@ -196,6 +274,9 @@ class ShardStore:
         return changed
 
     def value(self, table: str, key: str) -> int:
+        """The visible value (unpublished deltas left out)."""
+        if (table, key) in self._hidden:
+            return self.entry(table, key).value()
         row = self._tables.get(table, {}).get(key)
         return sum(row[0::2]) - sum(row[1::2]) if row else 0
 

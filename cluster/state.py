@@ -45,9 +45,13 @@ class NodeState:
         self.clock = clock
         self.shards = ShardStore(config.node_id)
         self.dedups: dict[str, Any] = {}
-        # In-doubt ops: applied here as leader, not yet known to be on a quorum.
-        # op id -> [op_id, table, key, origin, p, n, delta, ts] (the REPLICATE item)
+        # Unpublished ops: applied here as leader, not yet known to be on a quorum (in flight,
+        # or in doubt once their quorum failed). op id -> [op_id, table, key, origin, p, n,
+        # delta, ts] (the REPLICATE item); change it only through hold/release, which keep
+        # their deltas hidden in the shards and the per-key order.
         self.pending: dict[str, list[Any]] = {}
+        # (table, key, origin) -> its unpublished op ids in the order they were applied
+        self._by_key: dict[tuple[str, str, str], dict[str, None]] = {}
         # Ops this node applied and then withdrew (op id -> time): it does not count them, and
         # says so when asked, so the leader whose application stands is never mistaken for it.
         self.withdrawn: dict[str, float] = {}
@@ -55,6 +59,53 @@ class NodeState:
     def set_origin(self, origin: str) -> None:
         """The origin id this node raises from now on (a fresh incarnation)."""
         self.shards = ShardStore(origin)
+        self.set_pending(list(self.pending.values()))
+
+    # -- unpublished ops ---------------------------------------------------------------------
+
+    def hold(self, item: list[Any]) -> None:
+        """An op this node just applied as leader: unpublished (and hidden) until released."""
+        op_id, table, key, origin = item[0], item[1], item[2], item[3]
+        self.pending[op_id] = item
+        k = (table, key, origin)
+        ids = self._by_key.get(k)
+        if ids is None:
+            ids = self._by_key[k] = {}
+        ids[op_id] = None
+        self.shards.hide(table, key, origin, item[6])
+
+    def release(self, op_id: str) -> list[Any] | None:
+        """The op is published or withdrawn: visible (or compensated) from now on. Its item."""
+        item = self.pending.pop(op_id, None)
+        if item is None:
+            return None
+        k = (item[1], item[2], item[3])
+        ids = self._by_key.get(k)
+        if ids is not None:
+            ids.pop(op_id, None)
+            if not ids:
+                del self._by_key[k]
+        self.shards.unhide(item[1], item[2], item[3], item[6])
+        return item
+
+    def set_pending(self, items: list[list[Any]]) -> None:
+        """Replace the unpublished ops (a snapshot or a log replay found them)."""
+        self.pending, self._by_key = {}, {}
+        self.shards.clear_hidden()
+        for item in items:
+            self.hold(list(item))
+
+    def busy(self, table: str, key: str, origin: str) -> bool:
+        """``origin`` has an unpublished op on the key: the next op's pair would carry it."""
+        return (table, key, origin) in self._by_key
+
+    def unpublished(self, table: str, key: str, origin: str) -> list[list[Any]]:
+        """The key's unpublished ops of ``origin``, in the order they were applied."""
+        pending = self.pending
+        return [pending[op_id] for op_id in self._by_key.get((table, key, origin), ())]
+
+    def unpublished_keys(self) -> list[tuple[str, str, str]]:
+        return list(self._by_key)
 
     def dedup(self, table: str) -> Any:
         """The table's dedup, created on first use with the table's configured strategy."""
@@ -121,7 +172,7 @@ class NodeState:
         self.shards = ShardStore.from_bytes(data["shards"], self.shards.own)
         load = _dedup_module().load_dedup
         self.dedups = {table: load(raw, clock=self.clock) for table, raw in data["dedup"].items()}
-        self.pending = {item[0]: list(item) for item in data.get("in_doubt", [])}
+        self.set_pending(list(data.get("in_doubt", [])))
         self.withdrawn = dict(data.get("withdrawn", {}))
 
     def dedup_bytes(self) -> int:

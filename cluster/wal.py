@@ -550,6 +550,7 @@ class DurableLog:
         max_batch_records: int = 10_000,
         segment_bytes: int = 64 << 20,
         fsync_in_loop: bool = False,
+        archive: bool = False,
     ) -> None:
         if max_batch_records < 1:
             raise ConfigError(f"max_batch_records must be >= 1, got {max_batch_records}")
@@ -558,6 +559,7 @@ class DurableLog:
         self._dir = Path(directory)
         self._fsync = fsync
         self._fsync_in_loop = fsync_in_loop
+        self._archive = archive  # covered segments go to <dir>/archive/ instead of away
         self._max_batch = max_batch_records
         self._segment_bytes = segment_bytes
         self._pack = msgpack.Packer().pack
@@ -806,9 +808,14 @@ class DurableLog:
 
     def _delete_covered(self, seq: int) -> None:
         segments, snapshots = _list_dir(self._dir)
+        archive = self._dir / "archive"
         for old, path in [*segments.items(), *snapshots.items()]:
             if old < seq:
-                path.unlink(missing_ok=True)
+                if self._archive and old in segments and path == segments[old]:
+                    archive.mkdir(exist_ok=True)
+                    os.replace(path, archive / path.name)
+                else:
+                    path.unlink(missing_ok=True)
         if self._fsync:
             _fsync_dir(self._dir)
 

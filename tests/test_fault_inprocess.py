@@ -312,3 +312,107 @@ async def test_a_check_older_than_its_lease_is_not_applied(
 
 async def _true(value: bool) -> bool:
     return value
+
+
+def isolate(c: Cluster, name: str) -> None:
+    for other in c.servers:
+        if other != name:
+            c.fault(name, other)
+            c.fault(other, name)
+
+
+class Watch:
+    """Reads a key over and over on every node, at every consistency, plus every node's
+    visible state directly, and keeps each value above ``bound`` (the attempted sum)."""
+
+    def __init__(self, c: Cluster, client: Client, key: str) -> None:
+        self.c, self.client, self.key = c, client, key
+        self.bound = 0
+        self.over: list[tuple[str, str, int, int]] = []
+        self.reads = 0
+        self._stop = asyncio.Event()
+
+    async def run(self) -> None:
+        while not self._stop.is_set():
+            for name, server in list(self.c.servers.items()):
+                self._see(name, "state", server.node.state.shards.value("t", self.key))
+                for consistency in ("one", "quorum", "all"):
+                    with contextlib.suppress(Exception):
+                        status, body = await self.client.get(
+                            f"{self.c.url(name)}/v1/counters/t/{self.key}"
+                            f"?consistency={consistency}")
+                        if status == 200:
+                            self.reads += 1
+                            self._see(name, consistency, body["value"])
+            await asyncio.sleep(0.005)
+
+    def _see(self, name: str, how: str, value: int) -> None:
+        if value > self.bound:
+            self.over.append((name, how, value, self.bound))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+async def acked(client: Client, c: Cluster, names: list[str], key: str, op_id: str,
+                delta: int) -> None:
+    """Retry ``op_id`` with the same id, rotating over ``names``, until acknowledged."""
+    deadline = time.monotonic() + 20
+    attempt = 0
+    while True:
+        attempt += 1
+        status, _ = await client.add(c.url(names[attempt % len(names)]), "t", key, op_id,
+                                     delta, attempt=attempt)
+        if status == 200:
+            return
+        assert time.monotonic() < deadline, f"{op_id} never acknowledged"
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("flap", [False, True], ids=["heal", "heal-cut-heal"])
+async def test_in_doubt_application_is_never_visible_while_a_partition_heals(
+        tmp_path: Path, flap: bool) -> None:
+    """The partition double count: the leader applies, its replication is cut, the client
+    retries elsewhere and the op is applied there, the cut heals (``flap``: and comes back
+    mid-settle, then heals again). No read on any node at any consistency, and no node's
+    visible state, ever exceeds the attempted sum; the leader withdraws its copy unseen."""
+    key = key_with(("n1", "n2", "n3"))
+    client = Client()
+    try:
+        async with cluster(tmp_path) as c:
+            watch = Watch(c, client, key)
+            reader = asyncio.ensure_future(watch.run())
+            isolate(c, "n1")  # and write to it before anyone notices: a plain first attempt
+            watch.bound += 5
+            status, _ = await client.add(c.url("n1"), "t", key, "c9:1", 5)
+            assert status == 503  # applied on n1 alone: in doubt there
+            assert "c9:1" in c.servers["n1"].node.pending
+            await sees_down(c, "n2", "n1")
+            status, body = await client.add(c.url("n2"), "t", key, "c9:1", 5, attempt=2)
+            assert (status, body) == (200, {"applied": True})  # n2 leads, n3 claims it
+            c.heal()
+            if flap:  # cut again while n1 settles, then heal for good
+                await asyncio.sleep(0.02)
+                isolate(c, "n1")
+                await asyncio.sleep(0.3)
+                c.heal()
+            # a new op on the same key at n1 waits for the settle, never rides along with it
+            watch.bound += 1
+            await acked(client, c, ["n1"], key, "c9:2", 1)
+            await until(lambda: _settled(c), 10.0, "n1 to settle its in-doubt op")
+            await converged(c, client, key, 6)
+            watch.stop()
+            await reader
+            assert watch.reads > 50
+            assert watch.over == [], watch.over[:10]
+            assert c.servers["n1"].node.metrics.withdrawn == 1
+            for n in ("n1", "n2", "n3"):  # every copy answers duplicate, nothing counts again
+                assert (await client.add(c.url(n), "t", key, "c9:1", 5, attempt=3))[1] == {
+                    "applied": False, "duplicate": True}
+            await converged(c, client, key, 6)
+    finally:
+        await client.close()
+
+
+async def _settled(c: Cluster) -> bool:
+    return not any(s.node.pending for s in c.servers.values())

@@ -9,8 +9,9 @@ op counts more than once. Run it on a data directory kept with ``--data-dir``:
     python -m client.chaos --nemesis pause --out out --data-dir data
     python -m client.chaos --explain data --check out/history.jsonl
 
-Snapshots drop the log segments they cover, so runs longer than ``snapshot_interval`` (30 s)
-lose the records before it.
+The chaos driver starts its nodes with ``--keep-log`` when ``--data-dir`` is given, so the
+segments a snapshot covers are archived (``log/archive/``), not deleted, and the whole run is
+read; a data directory from nodes without it loses the records before each snapshot.
 """
 
 from __future__ import annotations
@@ -28,11 +29,14 @@ APPLY, REPLICA, WITHDRAW = (int(wal.RecordKind.APPLY), int(wal.RecordKind.REPLIC
 
 
 def records(node_dir: Path) -> Iterator[wal.LogRecord]:
-    """Every whole record of one node's log, in order (segments only, nothing modified)."""
+    """Every whole record of one node's log, in order (segments only, nothing modified),
+    the segments archived by ``--keep-log`` first."""
     log_dir = node_dir / "log"
     if not log_dir.is_dir():
         return
     segments, _snapshots = wal._list_dir(log_dir)
+    if (log_dir / "archive").is_dir():
+        segments = {**wal._list_dir(log_dir / "archive")[0], **segments}
     for seq in sorted(segments):
         buf = segments[seq].read_bytes()
         yield from wal._decode_segment(segments[seq], buf[:wal._scan(buf)])

@@ -42,6 +42,9 @@ class Topology:
         self.rf = rf
         self.node_args = list(node_args)
         self.data_dir = data_dir
+        if data_dir is not None and "--keep-log" not in self.node_args and not self.external:
+            # kept for --explain: archive what snapshots cover instead of deleting it
+            self.node_args.append("--keep-log")
         want = proxy_peers if proxy_peers is not None else True
         self.peer_links = bool(want and not self.external and node_supports("--connect-via"))
         self.proxies = ProxyServer(seed=seed)
