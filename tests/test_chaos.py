@@ -24,6 +24,9 @@ from client.checker import check
 # same ops (two checks passing at once, now excluded by claims, cluster/recovery.py) and links
 # left without a connection at start (cluster/failure.py) made pause and kill over-count.
 SURVIVED = ("lost-ack", "drop", "duplicate", "delay", "reset", "down", "pause")
+# A seed whose fast-partition run is INVALID on the code before issue 18 (reads above the
+# attempted sum after heals): the run below fails there.
+FAST_PARTITION_SEED = 3
 
 
 @pytest.mark.slow
@@ -48,6 +51,25 @@ async def test_chaos_run_with_the_faults_the_node_survives(tmp_path: Path) -> No
     kinds = {(e["f"], e["type"]) for e in events}
     assert {("add", "invoke"), ("add", "ok"), ("read", "ok"), ("final-read", "ok"),
             ("start", "info"), ("stop", "info")} <= kinds
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+async def test_fast_partitions_never_show_an_op_twice(tmp_path: Path) -> None:
+    """Partitions every 0.5-1.5 s for 1-3 s at 300 ops/s: a leader cut off applies ops its
+    clients then retry elsewhere, and heals come while those are being settled. Before issue
+    18's fix this run read values above what had been attempted, right after heals, and left a
+    final over-count; every read must now stay within Jepsen's bounds."""
+    cfg = ChaosConfig(
+        workload=WorkloadConfig(rate=300, duration=40),
+        nemeses=("partition",), quiet=(0.5, 1.5), fault=(1.0, 3.0), out_dir=str(tmp_path),
+        seed=FAST_PARTITION_SEED, progress=False)
+    res = await run_chaos(cfg)
+    text = render(res)
+    assert res.valid, text
+    r = res.report
+    assert len(res.played) >= 10 and r.acknowledged > 3000 and r.reads > 300, text
+    assert r.retries > 100 and r.over_count == 0 and r.under_count == 0, text
 
 
 @pytest.mark.slow

@@ -68,7 +68,8 @@ def trace(data_dir: str | Path) -> dict[str, OpTrace]:
                 continue
             t = out.get(r.op_id)
             if t is None:
-                t = out[r.op_id] = OpTrace(r.op_id, r.table, r.key, r.delta)
+                t = out[r.op_id] = OpTrace(r.op_id, r.table, r.key,
+                                           -r.delta if r.kind == WITHDRAW else r.delta)
             if r.kind == WITHDRAW:
                 t.withdrawn.append((node_dir.name, r.origin, r.ts))
             else:
@@ -94,6 +95,7 @@ def explain(data_dir: str | Path, events: Sequence[dict[str, Any]] = ()) -> str:
         lines.append("nemesis: " + "; ".join(
             f"{e['time']:.2f} {e['f']} {e['value']} {e.get('detail', {}).get('node', '')}"
             .rstrip() for e in starts.values()))
+    lines.extend(audit(traces, events))
     for t in sorted(twice, key=lambda t: min(x[2] for xs in t.applied.values() for x in xs)):
         h = by_op.get(t.op_id, {})
         lines.append(f"{t.op_id} on {t.table}/{t.key} delta {t.delta}: counted {t.counted} "
@@ -108,3 +110,29 @@ def explain(data_dir: str | Path, events: Sequence[dict[str, Any]] = ()) -> str:
         for node, origin, ts in t.withdrawn:
             lines.append(f"  withdrawn by {node} ({origin}) at {ts:.3f}")
     return "\n".join(lines)
+
+
+def audit(traces: dict[str, OpTrace], events: Sequence[dict[str, Any]]) -> list[str]:
+    """Per key, the final value the history read against what the logs account for (each op's
+    delta times the number of applications that stand). A difference the op list cannot
+    explain means a count no op id shows: records missing, or a pair that carried a delta
+    without its op (a leader's later op carrying an earlier, unpublished one)."""
+    finals: dict[str, int] = {}
+    for e in events:
+        if e.get("f") == "final-read" and e.get("type") == "ok" and e.get("key") not in finals:
+            finals[str(e["key"])] = int(e["value"])
+    if not finals:
+        return []
+    explained: dict[str, int] = defaultdict(int)
+    for t in traces.values():
+        explained[f"{t.table}/{t.key}"] += t.delta * max(t.counted, 0)
+    out = []
+    for key in sorted(finals):
+        logged = explained.get(key, 0)
+        if finals[key] != logged:
+            out.append(f"{key}: final value {finals[key]}, the logs account for {logged} "
+                       f"(unexplained {finals[key] - logged:+d}: records missing, or a pair "
+                       "carried a delta without its op)")
+    out.insert(0, f"keys audited: {len(finals)}, final values the logs do not account for: "
+                  f"{len(out)}")
+    return out
