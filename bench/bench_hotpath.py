@@ -13,6 +13,8 @@ Rows (each timed in a loop of whole batches; the number is microseconds per op):
                        the process CPU time (loop + wal thread), both per op
   append columns       ``DurableLog.append_columns`` with node-shaped columns (kind, origin,
                        ts shared), fsync off/on; ``inline`` rows fsync on the loop thread
+  unpublished          ``NodeState.hold`` + ``busy`` + ``release`` per op: the leader's
+                       bookkeeping that keeps an op invisible until its quorum acks (issue 18)
 
 The FBF is sized like the cluster benchmark (``--rate 200000 --window 10``, fpp 1e-6).
 Rows for APIs that do not exist in the checked-out tree are skipped, so the same script
@@ -112,6 +114,33 @@ def bench_dedup(sizes: list[int], seconds: float) -> dict[str, dict[int, float]]
     return rows
 
 
+def bench_unpublished(sizes: list[int], seconds: float) -> dict[str, dict[int, float]]:
+    from cluster.config import from_mapping
+    from cluster.state import NodeState
+
+    state = NodeState(from_mapping({"node_id": "n1", "listen": "127.0.0.1:1",
+                                    "peers": "n1=127.0.0.1:1", "data_dir": "/nonexistent"}))
+    if not hasattr(state, "hold"):
+        return {}
+    state.set_origin("n1@1")
+    rows: dict[str, dict[int, float]] = {}
+    now = time.time()
+    for b in sizes:
+        items = [[f"client-{i:012d}:op", "fbf_t", f"key-{i}", "n1@1", 1000 + i, 0, 1, now]
+                 for i in range(b)]
+
+        def cycle(items: list[list[Any]] = items) -> None:
+            hold, busy, release = state.hold, state.busy, state.release
+            for item in items:
+                busy(item[1], item[2], "n1@1")
+                hold(item)
+            for item in items:
+                release(item[0])
+
+        rows.setdefault("unpublished hold+busy+release", {})[b] = per_op_us(cycle, b, seconds)
+    return rows
+
+
 def bench_records(sizes: list[int], seconds: float) -> dict[str, dict[int, float]]:
     rows: dict[str, dict[int, float]] = {}
     pack = msgpack.Packer().pack
@@ -202,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="0.05 s cells (smoke run)")
     ap.add_argument("--seconds", type=float, default=0.3, help="per cell")
     ap.add_argument("--sizes", default="1,10,100")
-    ap.add_argument("--only", default="dedup,records,append")
+    ap.add_argument("--only", default="dedup,records,unpublished,append")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if args.quick:
@@ -214,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         rows |= bench_dedup(sizes, args.seconds)
     if "records" in only:
         rows |= bench_records(sizes, args.seconds)
+    if "unpublished" in only:
+        rows |= bench_unpublished(sizes, args.seconds)
     if "append" in only:
         rows |= bench_append(sizes, args.seconds * 3)
     width = max(len(r) for r in rows)

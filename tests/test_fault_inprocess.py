@@ -416,3 +416,26 @@ async def test_in_doubt_application_is_never_visible_while_a_partition_heals(
 
 async def _settled(c: Cluster) -> bool:
     return not any(s.node.pending for s in c.servers.values())
+
+
+async def test_a_replica_refuses_a_copy_of_an_op_claimed_for_another_leader(
+        tmp_path: Path) -> None:
+    """The fence: n3 claimed op x:1 for n2's check, so n1's copy (held back by a partition or
+    a pause) is refused whole: not merged, not remembered, and the frame's reply says so. n2's
+    own application is taken, and the claim stays behind it as a fence."""
+    key = key_with(("n1", "n2", "n3"))
+    async with cluster(tmp_path) as c:
+        n1, n2, n3 = (c.servers[n].node for n in ("n1", "n2", "n3"))
+        assert n3.claims.take("x:1", "n2", 10.0)
+        now = time.time()
+        copy = [["x:1", "t", key, n1.origin, 5, 0, 5, now],
+                ["x:2", "t", key, n1.origin, 6, 0, 1, now]]  # carries x:1 in its pair
+        assert await n1.links["n3"].call(Kind.REPLICATE, copy) is False
+        assert n3.state.shards.entry("t", key).value() == 0
+        assert b"x:1" not in n3.state.dedup("t") and n3.metrics.fenced == 2
+        mine = [["x:1", "t", key, n2.origin, 5, 0, 5, now]]
+        assert await n2.links["n3"].call(Kind.REPLICATE, mine) is None
+        assert n3.state.shards.entry("t", key).value() == 5
+        assert n3.claims.holder("x:1") is None and n3.claims.fence("x:1") == "n2"
+        assert await n1.links["n3"].call(Kind.REPLICATE, copy[:1]) is False  # still fenced
+        assert n3.state.shards.entry("t", key).value() == 5

@@ -77,3 +77,58 @@ def test_merge_pair_reports_change() -> None:
     assert not s.merge_pair("t", "k", "n2", 2, 0)
     assert s.merge_entry("t", "k", CounterEntry({"n2": (3, 1)}))
     assert s.value("t", "k") == 2
+
+
+# -- unpublished deltas (issue 18) ------------------------------------------------------------
+
+# One leader's life on one key: apply an op (hidden until settled), publish the oldest
+# unsettled one, or withdraw it (compensate on its own origin, then unhide).
+steps = st.lists(st.tuples(st.sampled_from(["apply", "publish", "withdraw"]),
+                           st.integers(min_value=-5, max_value=5)), max_size=40)
+
+
+@given(steps)
+def test_visible_pair_only_grows_and_counts_exactly_the_published_ops(
+        plan: list[tuple[str, int]]) -> None:
+    s = ShardStore("n1@1")
+    open_ops: list[int] = []
+    published = 0
+    last = (0, 0)
+    for step, delta in plan:
+        if step == "apply":
+            s.apply_local("t", "k", delta)
+            s.hide("t", "k", "n1@1", delta)
+            open_ops.append(delta)
+        elif open_ops:
+            d = open_ops.pop(0)
+            if step == "publish":
+                published += d
+            else:
+                s.compensate("t", "k", "n1@1", d)
+            s.unhide("t", "k", "n1@1", d)
+        pair = s.pair("t", "k", "n1@1")
+        assert pair[0] >= last[0] and pair[1] >= last[1]  # max-merge never loses a step
+        last = pair
+        assert s.value("t", "k") == s.entry("t", "k").value() == published
+        assert s.own_pair("t", "k")[0] - s.own_pair("t", "k")[1] == published + sum(open_ops)
+    if not open_ops:
+        assert not s.has_hidden("t", "k")
+
+
+def test_hidden_deltas_stay_out_of_the_entry_but_not_out_of_the_next_pair() -> None:
+    s = ShardStore("n1@2")
+    s.merge_pair("t", "k", "n2@1", 4, 0)
+    assert s.apply_local("t", "k", 3) == (3, 0)
+    s.hide("t", "k", "n1@2", 3)
+    assert s.entry("t", "k") == CounterEntry({"n2@1": (4, 0)}) and s.value("t", "k") == 4
+    assert s.apply_local("t", "k", 2) == (5, 0)  # the next op's pair is computed from 3
+    s.hide("t", "k", "n1@2", 2)
+    s.unhide("t", "k", "n1@2", 3)
+    assert s.entry("t", "k").pairs["n1@2"] == (3, 0)
+    assert s.compensate("t", "k", "n1@2", 2) == (5, 2)  # withdrawn: P and N grow together
+    s.unhide("t", "k", "n1@2", 2)
+    assert s.entry("t", "k").pairs["n1@2"] == (5, 2) and s.value("t", "k") == 7
+    assert not s.has_hidden("t", "k")
+    s.hide("t", "k", "n0@1", -4)  # an older origin's unpublished decrement
+    s.compensate("t", "k", "n0@1", -4)
+    assert s.pair("t", "k", "n0@1") == (4, 0) and s.pair("t", "k", "n0@1", visible=False) == (4, 0)
