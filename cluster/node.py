@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cluster import antientropy, recovery
+from cluster import antientropy, checks, settle
 from cluster.antientropy import Hints
 from cluster.auth import PeerAuth, load_secret
 from cluster.batching import TickBatcher
@@ -145,10 +145,10 @@ class Node:
         # from one failed connection would move a key's leader for no good reason.
         self.is_live: Callable[[str], bool] = lambda _node: True
         self.ready = False  # set once in-doubt ops are settled and dedup state pulled
-        self.checked = recovery.Checked(config.window, clock)
+        self.checked = checks.Checked(config.window, clock)
         # Ops claimed here for a node checking them (or by this node's own check), and the
-        # time until which this node may apply an op its check let through (cluster.recovery)
-        self.claims = recovery.Claims()
+        # time until which this node may apply an op its check let through (cluster.checks)
+        self.claims = checks.Claims()
         self.leases: dict[str, float] = {}
         self.hints = Hints(config.max_hints)
         self._degraded_until = 0.0  # a restart sets it (recover), so does a peer gone silent
@@ -235,7 +235,7 @@ class Node:
         """Before serving: pull the replicas' dedup state and entries, settle in-doubt ops."""
         await antientropy.pull_dedup(self)
         await antientropy.sync_all(self, list(self.links))
-        await recovery.settle_all(self)
+        await settle.settle_all(self)
 
     async def close(self) -> None:
         for task in list(self._bg):
@@ -353,7 +353,7 @@ class Node:
     def lead(self, ops: Sequence[Op]) -> asyncio.Future[list[int]]:
         """Lead ``ops``; merged with every other batch led in this loop turn. Statuses in order.
         Retries, and every op while a peer was recently down, are first checked on the replicas
-        (``cluster.recovery``); a node still recovering leads nothing."""
+        (``cluster.checks``); a node still recovering leads nothing."""
         if not self.ready:
             done: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
             done.set_result([_UNAVAILABLE] * len(ops))
@@ -361,7 +361,7 @@ class Node:
         if self.is_live == self.detector.is_live:
             self.detector.check_all()  # after a pause, see the silence before leading anything
         if self.recently_degraded() or any(op[4] > 1 for op in ops):
-            return asyncio.ensure_future(recovery.lead_checked(self, list(ops)))
+            return asyncio.ensure_future(checks.lead_checked(self, list(ops)))
         return self._leads.submit(list(ops))
 
     def lead_plain(self, ops: Sequence[Op]) -> asyncio.Future[list[int]]:
@@ -370,7 +370,7 @@ class Node:
     async def _lead_now(self, ops: list[Op], deadline: float | None = None) -> list[int]:
         """Dedup, apply, log and replicate a batch this node leads; statuses in op order.
         Ops claimed for another node's check, and checked ops whose lease ran out (this node
-        was paused after its check), answer 503 unapplied (``cluster.recovery``); ops that
+        was paused after its check), answer 503 unapplied (``cluster.checks``); ops that
         would overflow their entry answer ``counter_overflow`` (``_overflowing``). Ops on a key
         that still has an unpublished op here wait for it (``_lead_later``)."""
         later: list[int] = []
@@ -425,7 +425,7 @@ class Node:
             waits.append(fut)
             unpublished = self.state.unpublished(table, key, self.origin)
             if unpublished and not any(item[0] in self._inflight for item in unpublished):
-                self.spawn(recovery.settle_key(self, table, key, self.origin))
+                self.spawn(settle.settle_key(self, table, key, self.origin))
         remaining = deadline - loop.time()
         if waits and remaining > 0:
             await asyncio.wait(waits, timeout=remaining)
@@ -459,7 +459,7 @@ class Node:
                     refused[i] = _UNAVAILABLE
                     log.info("op %s passed its check %.3f s ago: stale, not applied", op_id,
                              now - deadline)
-                    recovery.release_claims(self, table, key, op_id)
+                    checks.release_claims(self, table, key, op_id)
                 else:
                     claims.applied(op_id)  # applied now: the dedup answers for it
                 continue
@@ -502,7 +502,7 @@ class Node:
             if dup:
                 wait = inflight.get(op_id)
                 if wait is None and op_id in pending:  # in doubt here: settle it first
-                    wait = asyncio.ensure_future(recovery.settle_one(self, pending[op_id]))
+                    wait = asyncio.ensure_future(settle.settle_one(self, pending[op_id]))
                 if wait is not None:
                     dup_waits.append((len(statuses), wait))
                 statuses.append(_DUPLICATE)
@@ -736,7 +736,7 @@ class Node:
         if kind == Kind.PING:
             return [{"ready": self.ready}] * len(body)
         if kind == Kind.HOLDS:
-            return recovery.on_holds(self, body, peer_id)
+            return checks.on_holds(self, body, peer_id)
         if kind == Kind.DIGEST:
             return antientropy.on_digest(self, peer_id, body[0] if body else {})
         if kind == Kind.ENTRIES:

@@ -22,7 +22,7 @@ from cluster.http_api import Edge, http_protocol, load_tokens, make_app
 from cluster.listener import Listener, server_ssl
 from cluster.node import Node
 from cluster.peer import close_all
-from cluster.recovery import settle_loop
+from cluster.settle import settle_loop
 
 log = logging.getLogger("cluster.server")
 
@@ -51,8 +51,11 @@ class NodeServer:
 
     async def start(self) -> None:
         started = time.monotonic()
-        replayed = await self.node.recover()
         cfg = self.config
+        try:
+            replayed = await self.node.recover()
+        except OSError as exc:  # not a directory, read-only, full disk: say so in one line
+            raise ConfigError(f"data_dir: cannot use {cfg.data_dir}: {_why(exc, str(cfg.data_dir))}") from exc
         self.listener = listener = Listener(
             self._http_protocol, self.node.handle_peer, self._inbound, auth=self.node.auth,
             header_timeout=cfg.header_timeout,
@@ -68,9 +71,12 @@ class NodeServer:
         await self._runner.setup()
         loop = asyncio.get_running_loop()
         host, port = cfg.listen
-        self._server = await loop.create_server(
-            listener.protocol, host, port, reuse_address=True, backlog=2048,
-            ssl=server_ssl(cfg))
+        try:
+            self._server = await loop.create_server(
+                listener.protocol, host, port, reuse_address=True, backlog=2048,
+                ssl=server_ssl(cfg))
+        except OSError as exc:  # the port is taken (another node, `cluster up`, compose)
+            raise ConfigError(f"listen: cannot listen on {host}:{port}: {_why(exc)}") from exc
         if not self.node.auth.enabled:
             log.warning("no --secret-file: peer traffic is not authenticated; anyone who can "
                         "reach this port can forge replication (tests and trusted hosts only)")
@@ -194,12 +200,26 @@ class NodeServer:
         self.node.abort()
 
 
+def _why(exc: OSError, path: str | None = None) -> str:
+    """An OSError as its cause in words, naming the file when it is not ``path`` itself."""
+    if isinstance(exc, FileExistsError) and exc.filename == path:
+        return "exists and is not a directory"
+    text = os.strerror(exc.errno) if exc.errno else str(exc)
+    return f"{text}: {exc.filename}" if exc.filename and exc.filename != path else text
+
+
 def run(config: NodeConfig) -> int:
     """Run a node until SIGTERM/SIGINT; the exit status."""
 
     async def main() -> None:
         server = NodeServer(config, ready_stream=sys.stdout)
-        await server.start()
+        try:
+            await server.start()
+        except BaseException:
+            # close what started (the log, peer links) before the error is reported
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.stop(), 5.0)
+            raise
         try:
             await server.serve_until_signal()
         finally:
@@ -222,8 +242,8 @@ def run(config: NodeConfig) -> int:
         uvloop.run(main())
     except ImportError:  # pragma: no cover - uvloop is a dependency on every supported OS
         asyncio.run(main())
-    except ConfigError as exc:  # a secret, token or certificate file that does not load
-        print(f"error: {exc}", file=sys.stderr)
+    except ConfigError as exc:  # a secret, token or certificate file that does not load,
+        print(f"error: {exc}", file=sys.stderr)  # a port in use, a data dir it cannot use
         return 2
     finally:
         if profiler is not None:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from cluster_util import Client
 
-from cluster import recovery
+from cluster import checks
 from cluster.config import NodeConfig, from_mapping
 from cluster.local import free_ports
 from cluster.ring import Ring
@@ -292,7 +292,7 @@ async def test_a_check_older_than_its_lease_is_not_applied(
     the claims it got may have expired and another check passed meanwhile. It applies only
     within its lease of sending the HOLDS; here every lease is already over (standing in for
     a SIGSTOP longer than it), so the op answers 503 unapplied and its claims are given back."""
-    monkeypatch.setattr(recovery, "lease", lambda node, table: -1.0)
+    monkeypatch.setattr(checks, "lease", lambda node, table: -1.0)
     key = key_with(("n1", "n2", "n3"))
     client = Client()
     try:
