@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from cluster.local import LocalCluster
+from cluster.local import LocalCluster, ports_in_use
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,7 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="run a local cluster of real node processes until Ctrl-C")
     up.add_argument("--nodes", type=int, default=3)
     up.add_argument("--rf", type=int, default=3)
-    up.add_argument("--base-port", type=int, default=7101)
+    up.add_argument("--base-port", type=int, default=7101,
+                    help="node i listens on BASE_PORT+i-1 (default 7101); 0: any free ports")
     up.add_argument("--data-dir", default=None, help="default: a fresh temporary directory")
     up.add_argument("--no-secret", dest="secret", action="store_false",
                     help="run peers unauthenticated (by default a random cluster secret is "
@@ -28,15 +29,35 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+class UpError(Exception):
+    """``cluster up`` cannot start; the message is the one line the user sees."""
+
+
 async def up(args: argparse.Namespace) -> int:
     extra = [a for a in args.node_args if a != "--"]
-    cluster = LocalCluster(args.nodes, rf=args.rf, base_port=args.base_port,
-                           data_dir=args.data_dir, extra_args=extra, secret=args.secret)
+    if args.base_port:
+        ports = [args.base_port + i for i in range(args.nodes)]
+        taken = ports_in_use(ports)
+        if taken:  # before any node starts: nothing to stop
+            raise UpError(
+                f"port{'s' if len(taken) > 1 else ''} {', '.join(map(str, taken))} on 127.0.0.1 "
+                f"already in use (another `cluster up`, or the compose cluster?); pick free ones "
+                f"with --base-port, or --base-port 0 for any free ports")
+    try:
+        cluster = LocalCluster(args.nodes, rf=args.rf, base_port=args.base_port or None,
+                               data_dir=args.data_dir, extra_args=extra, secret=args.secret)
+    except OSError as exc:
+        why = ("exists and is not a directory" if isinstance(exc, FileExistsError)
+               else exc.strerror or str(exc))
+        raise UpError(f"--data-dir {args.data_dir}: {why}") from exc
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await cluster.start()
+    try:
+        await cluster.start()  # a node that fails stops the others before this raises
+    except RuntimeError as exc:  # StartError (the node's own cause) or no READY in time
+        raise UpError(f"{exc}; the other nodes were stopped") from exc
     try:
         print(f"cluster up: {len(cluster.nodes)} nodes, rf={args.rf}, data in {cluster.data_dir}")
         if cluster.secret_file is not None:
@@ -61,7 +82,11 @@ async def up(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return asyncio.run(up(args))
+    try:
+        return asyncio.run(up(args))
+    except UpError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

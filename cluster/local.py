@@ -47,6 +47,41 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
+class StartError(RuntimeError):
+    """A node exited before READY; the message carries the node's own ``error:`` line (a port
+    in use, a secret it cannot read, a data dir it cannot use) when its log has one."""
+
+    def __init__(self, node_id: str, code: int | None, log_path: Path) -> None:
+        self.node_id, self.code, self.log_path = node_id, code, log_path
+        self.cause = last_error_line(log_path)
+        why = f": {self.cause}" if self.cause else f"; see {log_path}"
+        super().__init__(f"{node_id} exited with {code} before READY{why}")
+
+
+def last_error_line(log_path: Path) -> str | None:
+    """The last ``error: ...`` line a node wrote to its stderr log, without the prefix."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()[-50:]
+    except OSError:
+        return None
+    found = [ln[len("error: "):] for ln in lines if ln.startswith("error: ")]
+    return found[-1] if found else None
+
+
+def ports_in_use(ports: Sequence[int], host: str = "127.0.0.1") -> list[int]:
+    """Those of ``ports`` that a node could not listen on now (bound the way a node binds,
+    with SO_REUSEADDR, so a port left in TIME_WAIT by an earlier run counts as free)."""
+    taken = []
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+            except OSError:
+                taken.append(port)
+    return taken
+
+
 class NodeProcess:
     def __init__(self, node_id: str, host: str, port: int, args: list[str], data_dir: Path,
                  log_path: Path) -> None:
@@ -85,8 +120,7 @@ class NodeProcess:
                     f"{self.id}: no READY within {timeout}s; see {self.log_path}") from None
             if not line:
                 code = await self.proc.wait()
-                raise RuntimeError(f"{self.id} exited with {code} before READY; "
-                                   f"see {self.log_path}")
+                raise StartError(self.id, code, self.log_path)
             if line.startswith(b"READY "):
                 break
         self._drain = asyncio.create_task(self._drain_stdout())
@@ -169,11 +203,22 @@ class LocalCluster:
         return [n.url for n in self.nodes.values()]
 
     async def start(self, timeout: float = 30.0) -> None:
+        """Start every node and wait for each READY; if one fails, stop the others (SIGTERM,
+        then kill) and raise the first failure (a ``StartError`` names the node's cause)."""
         try:
-            await asyncio.gather(*(n.start(timeout) for n in self.nodes.values()))
-        except BaseException:
+            results = await asyncio.gather(*(n.start(timeout) for n in self.nodes.values()),
+                                           return_exceptions=True)
+        except BaseException:  # cancelled while starting
             await self.abort()
             raise
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            try:
+                await asyncio.gather(*(n.stop(5.0) for n in self.nodes.values()),
+                                     return_exceptions=True)
+            finally:
+                await self.abort()
+            raise failures[0]
 
     async def stop(self, timeout: float = 10.0) -> dict[str, int | None]:
         codes = await asyncio.gather(*(n.stop(timeout) for n in self.nodes.values()))

@@ -55,7 +55,8 @@ class NodeServer:
         try:
             replayed = await self.node.recover()
         except OSError as exc:  # not a directory, read-only, full disk: say so in one line
-            raise ConfigError(f"data_dir: cannot use {cfg.data_dir}: {_why(exc, str(cfg.data_dir))}") from exc
+            why = _why(exc, str(cfg.data_dir))
+            raise ConfigError(f"data_dir: cannot use {cfg.data_dir}: {why}") from exc
         self.listener = listener = Listener(
             self._http_protocol, self.node.handle_peer, self._inbound, auth=self.node.auth,
             header_timeout=cfg.header_timeout,
