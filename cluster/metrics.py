@@ -191,7 +191,7 @@ def render(node: Any, auth: Any = None, edge: Any = None) -> str:
     _dedup_families(ex, node)
     ex.family("idc_batches_total", "counter", "merged batches run, by stage")
     ex.family("idc_batch_items_total", "counter", "ops in those batches, by stage")
-    for stage, batcher in (("lead", node._leads), ("replica", node._replicas)):
+    for stage, batcher in (("lead", node.leader.batcher), ("replica", node.replica.batcher)):
         ex.sample("idc_batches_total", batcher.batches, {"stage": stage})
         ex.sample("idc_batch_items_total", batcher.items, {"stage": stage})
     ex.family("idc_replication_pending", "gauge", "op copies sent and not yet acknowledged")
