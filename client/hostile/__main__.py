@@ -1,0 +1,5 @@
+import sys
+
+from client.hostile.cli import main
+
+sys.exit(main())
