@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import mmh3
 import msgpack
@@ -28,7 +28,32 @@ from cluster.shards import CounterEntry
 from cluster.wire import Kind
 
 if TYPE_CHECKING:
-    from cluster.node import Node
+    from cluster.config import NodeConfig
+    from cluster.metrics import NodeMetrics
+    from cluster.peer import PeerLink
+    from cluster.ring import Ring
+    from cluster.state import NodeState
+
+
+class Node(Protocol):
+    """What anti-entropy, hinted handoff and the dedup pull need of their node."""
+
+    config: NodeConfig
+    ring: Ring
+    state: NodeState
+    links: dict[str, PeerLink]
+    metrics: NodeMetrics
+
+    @property
+    def behind(self) -> set[str]: ...
+
+    def clock(self) -> float: ...
+
+    def is_live(self, node: str) -> bool: ...
+
+    def on_repair(self, items: list[list[Any]], op_id: str = "") -> asyncio.Future[None]: ...
+
+    def shareable(self, items: list[list[Any]]) -> list[list[Any]]: ...
 
 log = logging.getLogger("cluster.antientropy")
 

@@ -31,13 +31,49 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cluster.shards import CounterEntry
 from cluster.wire import Kind, Status
 
 if TYPE_CHECKING:
-    from cluster.node import Node, Op
+    from cluster.config import NodeConfig
+    from cluster.metrics import NodeMetrics
+    from cluster.peer import PeerLink
+    from cluster.ring import Ring
+    from cluster.state import NodeState
+
+# A client op after validation: (table, key, op_id, delta, attempt)
+Op = tuple[str, str, str, int, int]
+
+
+class Node(Protocol):
+    """What the checks need of their node."""
+
+    id: str
+    config: NodeConfig
+    ring: Ring
+    state: NodeState
+    links: dict[str, PeerLink]
+    metrics: NodeMetrics
+    claims: Claims
+    checked: Checked
+
+    @property
+    def pending(self) -> dict[str, list[Any]]: ...
+
+    @property
+    def inflight(self) -> dict[str, asyncio.Future[bool]]: ...
+
+    @property
+    def leases(self) -> dict[str, float]: ...
+
+    def recently_degraded(self) -> bool: ...
+
+    def lead_plain(self, ops: Sequence[Op]) -> asyncio.Future[list[int]]: ...
+
+    def learn(self, table: str, key: str, op_id: str, entry: CounterEntry) -> None: ...
 
 log = logging.getLogger("cluster.checks")
 

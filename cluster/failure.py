@@ -17,12 +17,19 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cluster.wire import Kind
 
 if TYPE_CHECKING:
-    from cluster.node import Node
+    from cluster.peer import PeerLink
+
+
+class Node(Protocol):
+    """What the heartbeat loop needs of its node."""
+
+    links: dict[str, PeerLink]
+    ready: bool
 
 log = logging.getLogger("cluster.failure")
 

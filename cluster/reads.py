@@ -8,14 +8,33 @@ list. Every replica that answered with less than the merge gets the merged entry
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cluster.errors import Unavailable
 from cluster.shards import CounterEntry
 from cluster.wire import Kind
 
 if TYPE_CHECKING:
-    from cluster.node import Node
+    from cluster.config import NodeConfig
+    from cluster.metrics import NodeMetrics
+    from cluster.peer import PeerLink
+    from cluster.ring import Ring
+    from cluster.state import NodeState
+
+
+class Node(Protocol):
+    """What a read needs of its node."""
+
+    id: str
+    config: NodeConfig
+    ring: Ring
+    state: NodeState
+    links: dict[str, PeerLink]
+    metrics: NodeMetrics
+
+    def is_live(self, node: str) -> bool: ...
+
+    def on_repair(self, items: list[list[Any]], op_id: str = "") -> asyncio.Future[None]: ...
 
 
 async def read_counter(node: Node, table: str, key: str, consistency: str) -> int:

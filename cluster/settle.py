@@ -13,18 +13,34 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
+from cluster import checks
 from cluster.checks import BUSY, CLAIM, HELD, IN_DOUBT, WITHDRAWN, consume, release_claims
 from cluster.quorum import quorum_future
-from cluster.records import make_record
 from cluster.shards import CounterEntry
-from cluster.wal import RecordKind
+from cluster.wal import RecordKind, make_record
 from cluster.wire import Kind
 
 if TYPE_CHECKING:
-    from cluster.node import Node
+    from cluster.wal import DurableLog
+
+
+class Node(checks.Node, Protocol):
+    """What settling needs of its node: the checks' needs, plus the log and the leader's
+    publication."""
+
+    log: DurableLog
+    settling: dict[tuple[str, str, str], asyncio.Future[None]]
+
+    def clock(self) -> float: ...
+
+    def release(self, op_ids: Iterable[str]) -> None: ...
+
+    def published(self, items: list[list[Any]]) -> None: ...
+
+    def targets_of(self, table: str, key: str) -> tuple[str, ...]: ...
 
 log = logging.getLogger("cluster.settle")
 
