@@ -65,7 +65,7 @@ def feed(d: Dedup, clock: FakeClock, items: list[bytes], rate: float = RATE) -> 
 def test_names_and_protocol() -> None:
     assert DEDUP_NAMES == (
         "none", "exact", "bloom", "recycling-bloom", "stable-bloom", "flower",
-        "counting-bloom", "seqwindow", "fbf", "adaptive-fbf",
+        "counting-bloom", "seqwindow", "fbf", "adaptive-fbf", "dleft-counting", "dleft-window",
     )
     for name in DEDUP_NAMES:
         d = make(name, FakeClock())
@@ -154,7 +154,9 @@ def test_load_dedup_rejects_garbage() -> None:
 # -- forgetting ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["exact", "counting-bloom", "fbf", "adaptive-fbf"])
+@pytest.mark.parametrize(
+    "name", ["exact", "counting-bloom", "fbf", "adaptive-fbf", "dleft-counting", "dleft-window"]
+)
 def test_time_based_forget_after_window(name: str) -> None:
     clock = FakeClock()
     d = make(name, clock)
@@ -225,7 +227,7 @@ def test_recycling_bloom_double_counts_right_after_a_clear() -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(
-    name=st.sampled_from(["exact", "counting-bloom", "fbf", "adaptive-fbf"]),
+    name=st.sampled_from(["exact", "counting-bloom", "fbf", "adaptive-fbf", "dleft-window"]),
     steps=st.lists(
         st.tuples(st.floats(0.0, 0.45), st.integers(0, 30)), min_size=1, max_size=80
     ),
@@ -245,6 +247,8 @@ def test_window_has_no_false_negatives(name: str, steps: list[tuple[float, int]]
             assert not dup
         if name == "fbf" and age > WINDOW + 1.01 * d.filter.period:  # type: ignore[attr-defined]
             assert not dup, "the FBF forgets by T + (N+2) periods"
+        if name == "dleft-window" and age > WINDOW + d.filter.epoch_len:  # type: ignore[attr-defined]
+            assert not dup, "the d-left window forgets within one epoch of the window"
         if not dup:
             added[i] = clock.t
 
@@ -311,7 +315,8 @@ def test_seqwindow_matches_a_set_model(ops: list[tuple[bytes, int]]) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["bloom", "recycling-bloom", "counting-bloom", "stable-bloom", "flower", "fbf"]
+    "name", ["bloom", "recycling-bloom", "counting-bloom", "stable-bloom", "flower", "fbf",
+             "dleft-window"]
 )
 def test_measured_fpp_near_estimate(name: str) -> None:
     clock = FakeClock()
@@ -341,7 +346,8 @@ def test_bloom_fpp_climbs_past_target_but_fbf_stays_near_it() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["bloom", "recycling-bloom", "stable-bloom", "flower", "counting-bloom", "fbf"]
+    "name", ["bloom", "recycling-bloom", "stable-bloom", "flower", "counting-bloom", "fbf",
+             "dleft-counting", "dleft-window"]
 )
 def test_nbytes_grows_with_sized_capacity(name: str) -> None:
     small = make(name, FakeClock(), rate=1000.0).nbytes()

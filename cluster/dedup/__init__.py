@@ -1,4 +1,4 @@
-"""Dedup strategies a node can run with (``--dedup NAME``): one small interface, ten strategies.
+"""Dedup strategies a node can run with (``--dedup NAME``): one small interface, twelve strategies.
 
 Each strategy answers "was this op id already applied?" (``seen_or_add``) and sizes itself from
 the same three numbers: ``window`` (seconds retries can arrive), ``rate`` (op ids per second) and
@@ -15,6 +15,8 @@ no I/O, the clock passed in.
     seqwindow        per-client sequence window (RFC 4303 / RFC 6479 anti-replay)
     fbf              Forgetful Bloom Filter (the paper)
     adaptive-fbf     FBF with adaptive resizing (Algorithm 3, window-keeping)
+    dleft-counting   d-left counting Bloom filter deleting sightings after their TTL (seed 004)
+    dleft-window     d-left cells of (fingerprint, epoch): forgets at the window, to one epoch
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from typing import Any
 from cluster.dedup._base import Clock, Dedup, unframe
 from cluster.dedup.bloom import BloomDedup, RecyclingBloomDedup
 from cluster.dedup.counting import CountingBloomDedup
+from cluster.dedup.dleft_counting import DLeftCountingDedup
+from cluster.dedup.dleft_window import DLeftWindowDedup
 from cluster.dedup.exact import ExactDedup
 from cluster.dedup.fbf import AdaptiveFBFDedup, FBFDedup
 from cluster.dedup.flower import FlowerDedup
@@ -39,6 +43,8 @@ __all__ = [
     "AdaptiveFBFDedup",
     "BloomDedup",
     "CountingBloomDedup",
+    "DLeftCountingDedup",
+    "DLeftWindowDedup",
     "Dedup",
     "ExactDedup",
     "FBFDedup",
@@ -64,6 +70,8 @@ _MAKERS: dict[str, Callable[[float, float, float, Clock, int | None], Dedup]] = 
     "seqwindow": lambda w, r, p, c, mb: SeqWindowDedup(w, c),
     "fbf": lambda w, r, p, c, mb: FBFDedup.for_window(w, r, p, c),
     "adaptive-fbf": lambda w, r, p, c, mb: AdaptiveFBFDedup.for_window(w, r, p, c, mb),
+    "dleft-counting": lambda w, r, p, c, mb: DLeftCountingDedup.for_window(w, r, p, c),
+    "dleft-window": lambda w, r, p, c, mb: DLeftWindowDedup.for_window(w, r, p, c),
 }
 
 # name -> (version, payload, clock) -> strategy
@@ -78,6 +86,8 @@ _LOADERS: dict[str, Callable[[int, Any, Clock], Dedup]] = {
     "seqwindow": SeqWindowDedup.from_payload,
     "fbf": FBFDedup.from_payload,
     "adaptive-fbf": AdaptiveFBFDedup.from_payload,
+    "dleft-counting": DLeftCountingDedup.from_payload,
+    "dleft-window": DLeftWindowDedup.from_payload,
 }
 
 DEDUP_NAMES: tuple[str, ...] = tuple(_MAKERS)
