@@ -7,8 +7,8 @@ Rows (each timed in a loop of whole batches; the number is microseconds per op):
   dedup fbf add_many   ``ForgetfulBloomFilter.add_many`` (inverted), the vectorised call
   dedup fbf many       ``FBFDedup.seen_or_add_many`` (picks loop or vector by batch size)
   record build         ``make_record`` / ``LogRecord(...)`` once per op
-  encode per-record    ``wal._encode``: one msgpack call and one frame per record (format v1)
-  encode columnar      ``wal._encode_columns``: one msgpack call and one frame per batch (v2)
+  encode per-record    ``wal.encode_records``: one msgpack call and one frame per record (v1)
+  encode columnar      ``wal.encode_columns``: one msgpack call and one frame per batch (v2)
   append fsync off/on  ``DurableLog.append`` of one batch, awaited, one appender; wall time and
                        the process CPU time (loop + wal thread), both per op
   append columns       ``DurableLog.append_columns`` with node-shaped columns (kind, origin,
@@ -37,8 +37,7 @@ import msgpack
 
 import cluster.wal as wal
 from cluster.dedup import make_dedup
-from cluster.records import make_record
-from cluster.wal import DurableLog, LogRecord
+from cluster.wal import DurableLog, LogRecord, make_record
 
 _ids = itertools.count()
 
@@ -145,7 +144,7 @@ def bench_records(sizes: list[int], seconds: float) -> dict[str, dict[int, float
     rows: dict[str, dict[int, float]] = {}
     pack = msgpack.Packer().pack
     now = time.time()
-    enc_cols = getattr(wal, "_encode_columns", None)
+    enc_cols = getattr(wal, "encode_columns", None)
     for b in sizes:
         args = [
             (1, f"client-{i:012d}:op", "fbf_t", f"key-{i}", 1, "n1@3", 1000 + i, 0, now)
@@ -156,7 +155,7 @@ def bench_records(sizes: list[int], seconds: float) -> dict[str, dict[int, float
         )
         recs = _records(b)
         rows.setdefault("encode per-record (v1)", {})[b] = per_op_us(
-            _each(lambda r: wal._encode(r, pack), itertools.repeat(recs)), b, seconds
+            _each(lambda r: wal.encode_records(r, pack), itertools.repeat(recs)), b, seconds
         )
         if enc_cols is not None:
             cols = _columns(recs)

@@ -5,8 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cluster.records import make_record
-from cluster.wal import LogRecord
+from cluster.wal import LogRecord, make_record
 
 
 @given(st.integers(1, 4), st.text(max_size=10), st.text(max_size=5), st.text(max_size=5),

@@ -11,6 +11,7 @@ import sys
 import tempfile
 import textwrap
 import time
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cluster.wal as wal
+import cluster.wal.writer as wal_writer
 from cluster.errors import ClusterError, ConfigError
 from cluster.wal import (
     DurableLog,
@@ -212,7 +214,7 @@ async def test_bad_tail_of_an_earlier_segment_is_corruption(tmp_path: Path) -> N
 
 async def test_record_that_passes_crc_but_does_not_decode_fails_replay(tmp_path: Path) -> None:
     payload = msgpack.packb([1, 2, 3])  # three fields, not nine
-    bogus = wal._FRAME.pack(len(payload), wal.zlib.crc32(payload)) + payload
+    bogus = wal._FRAME.pack(len(payload), zlib.crc32(payload)) + payload
     segment(tmp_path).write_bytes(frames(recs(3)) + bogus + frames(recs(2, start=3)))
     async with DurableLog(tmp_path, fsync=False) as log:
         with pytest.raises(LogCorruptError) as err:
@@ -317,7 +319,7 @@ async def test_fsync_error_fails_waiters_and_poisons_the_log(
 
     async with DurableLog(tmp_path, fsync=True) as log:
         await log.append([rec(0)])
-        monkeypatch.setattr(wal, "_datasync", broken)
+        monkeypatch.setattr(wal_writer, "_datasync", broken)
         results = await asyncio.gather(
             *(log.append([rec(i)]) for i in range(1, 20)), return_exceptions=True
         )
@@ -337,7 +339,7 @@ async def test_failed_snapshot_keeps_every_record_and_the_log_running(
 
     async with DurableLog(tmp_path, fsync=True) as log:
         await log.append(recs(5))
-        monkeypatch.setattr(wal, "_write_snapshot_file", disk_full)
+        monkeypatch.setattr(wal_writer, "_write_snapshot_file", disk_full)
         with pytest.raises(LogError, match="No space left"):
             await log.write_snapshot(lambda: b"lost")
         await log.append(recs(5, start=5))
@@ -599,7 +601,7 @@ def test_unknown_payload_versions_are_undecodable() -> None:
         [1, 2, 3],
     ):
         payload = msgpack.packb(obj)
-        buf = wal._FRAME.pack(len(payload), wal.zlib.crc32(payload)) + payload
+        buf = wal._FRAME.pack(len(payload), zlib.crc32(payload)) + payload
         with pytest.raises(LogCorruptError):
             list(wal._decode_segment(Path("x"), buf))
 

@@ -32,14 +32,8 @@ def records(node_dir: Path) -> Iterator[wal.LogRecord]:
     """Every whole record of one node's log, in order (segments only, nothing modified),
     the segments archived by ``--keep-log`` first."""
     log_dir = node_dir / "log"
-    if not log_dir.is_dir():
-        return
-    segments, _snapshots = wal._list_dir(log_dir)
-    if (log_dir / "archive").is_dir():
-        segments = {**wal._list_dir(log_dir / "archive")[0], **segments}
-    for seq in sorted(segments):
-        buf = segments[seq].read_bytes()
-        yield from wal._decode_segment(segments[seq], buf[:wal._scan(buf)])
+    if log_dir.is_dir():
+        yield from wal.read_segments(log_dir, archived=True)
 
 
 @dataclass

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.ring import Ring
-from idc_contract import INT64_MAX as INT64_MAX  # the cases import the ranges from here
-from idc_contract import INT64_MIN as INT64_MIN
+
+INT64_MAX = (1 << 63) - 1
+INT64_MIN = -(1 << 63)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,210 @@
+"""The log directory on disk: snapshot files, durable renames, and recovery at start.
+
+    snapshot-<seq:08d>.snap  ``[magic][version][flags][seq][blob length][crc32]`` then the
+                             blob; seq names the first segment the snapshot does NOT cover
+
+Recovery (``_recover``) takes the latest valid snapshot and the segments from its seq on. A bad
+record with nothing valid after it is a torn tail (a crash mid-write): it is truncated away
+with a warning. A bad record followed by any valid record is corruption and raises
+``LogCorruptError``, because dropping acknowledged records silently is worse than not starting.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from cluster.wal.errors import LogCorruptError
+from cluster.wal.frames import _FRAME, MAX_RECORD_BYTES, _frame_end, scan
+from cluster.wal.records import _decode
+from cluster.wal.segments import _segment_name, _snapshot_name, list_dir
+
+__all__: list[str] = []
+
+log = logging.getLogger("cluster.wal")  # the name the single-module log used; filters keep it
+
+_SNAP_MAGIC = b"IDCSNAP\x00"
+_SNAP_VERSION = 1
+_SNAP_HEADER = struct.Struct("<8sHHQQI")  # magic, version, flags, seq, blob length, crc32
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_datasync = getattr(os, "fdatasync", os.fsync)  # the size change is data for fdatasync too
+
+
+# ---------------------------------------------------------------- snapshots
+
+
+def _read_snapshot(path: Path, seq: int) -> bytes:
+    data = path.read_bytes()
+    if len(data) < _SNAP_HEADER.size:
+        raise LogCorruptError(path, 0, "snapshot shorter than its header")
+    magic, version, _flags, hseq, length, crc = _SNAP_HEADER.unpack_from(data)
+    if magic != _SNAP_MAGIC or version != _SNAP_VERSION:
+        raise LogCorruptError(path, 0, f"not a version {_SNAP_VERSION} snapshot")
+    blob = memoryview(data)[_SNAP_HEADER.size :]
+    if hseq != seq or length != len(blob):
+        raise LogCorruptError(path, 0, "snapshot header does not match its file")
+    if zlib.crc32(blob, zlib.crc32(memoryview(data)[: _SNAP_HEADER.size - 4])) != crc:
+        raise LogCorruptError(path, _SNAP_HEADER.size, "snapshot checksum mismatch")
+    return bytes(blob)
+
+
+def _write_snapshot_file(directory: Path, seq: int, blob: bytes, fsync: bool) -> Path:
+    """Atomic: a crash leaves either no snapshot-<seq>.snap or a complete one."""
+    head = _SNAP_HEADER.pack(_SNAP_MAGIC, _SNAP_VERSION, 0, seq, len(blob), 0)[:-4]
+    crc = zlib.crc32(blob, zlib.crc32(head))
+    final = directory / _snapshot_name(seq)
+    tmp = final.with_name(final.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(head + struct.pack("<I", crc))
+            f.write(blob)
+            f.flush()
+            if fsync:
+                os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if fsync:
+        _fsync_dir(directory)
+    return final
+
+
+def _choose_snapshot(segments: dict[int, Path], snapshots: dict[int, Path]) -> int:
+    """Seq of the latest valid snapshot whose uncovered segments all exist; 0 for none.
+
+    A snapshot is renamed into place only once complete, so an invalid one is damage, not a
+    crash; an older snapshot may stand in only while the segments after it are still there.
+    """
+    last = max(segments, default=0)
+    bad: LogCorruptError | None = None
+    for seq in sorted(snapshots, reverse=True):
+        try:
+            _read_snapshot(snapshots[seq], seq)
+        except LogCorruptError as exc:
+            log.warning("skipping invalid snapshot: %s", exc)
+            bad = bad or exc
+            continue
+        if bad is None or all(s in segments for s in range(seq, last + 1)):
+            return seq
+        raise bad
+    if bad is None or all(s in segments for s in range(1, last + 1)):
+        return 0
+    raise bad
+
+
+# ---------------------------------------------------------------- recovery
+
+
+@dataclass(slots=True)
+class _Recovered:
+    snapshot: tuple[int, Path] | None  # (seq, path) of the snapshot replay starts from
+    segments: list[tuple[int, int]]  # (seq, valid end offset) from the snapshot's seq on
+    next_seq: int  # the segment to create when there is none yet
+
+
+def _recover(directory: Path, fsync: bool) -> _Recovered:
+    """Pick the snapshot, drop what it covers, truncate a torn tail, refuse corruption."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for tmp in directory.glob("*.snap.tmp"):  # a snapshot write that never reached its rename
+        tmp.unlink()
+    segments, snapshots = list_dir(directory)
+    snap_seq = _choose_snapshot(segments, snapshots)
+    for seq, path in [*segments.items(), *snapshots.items()]:
+        if seq < snap_seq:  # a crash interrupted the deletion that follows a snapshot
+            path.unlink()
+    first = snap_seq or 1
+    live = sorted(s for s in segments if s >= first)
+    expected = range(first, max(live, default=first - 1) + 1)
+    if snap_seq and not live:
+        expected = range(first, first + 1)  # the rotation creates it before the snapshot exists
+    # live is sorted and within expected: a gap (or a missing first one) is a lost segment;
+    # compared pairwise, so a stray log-99999999.wal costs nothing to notice
+    for want, have in zip(expected, [*live, None], strict=False):
+        if want != have:
+            raise LogCorruptError(directory / _segment_name(want), 0, "segment missing")
+    ends = _repair_tail([segments[s] for s in live], fsync)
+    return _Recovered(
+        snapshot=(snap_seq, snapshots[snap_seq]) if snap_seq else None,
+        segments=list(zip(live, ends, strict=True)),
+        next_seq=first,
+    )
+
+
+def _repair_tail(paths: list[Path], fsync: bool) -> list[int]:
+    """Valid end offset of each segment after truncating a torn tail; raises on corruption."""
+    bufs = [p.read_bytes() for p in paths]
+    ends = [len(b) for b in bufs]
+    for i, buf in enumerate(bufs):
+        bad = scan(buf)
+        if bad == len(buf):
+            continue
+        for j in range(i, len(bufs)):
+            found = _find_record(bufs[j], bad + 1 if j == i else 0)
+            if found is not None:
+                raise LogCorruptError(
+                    paths[i],
+                    bad,
+                    f"bad record followed by a valid one ({paths[j].name} "
+                    f"offset {found}): not a torn tail",
+                )
+        dropped = sum(ends[i:]) - bad
+        log.warning("torn tail in %s at offset %d: dropping %d bytes", paths[i], bad, dropped)
+        for j in range(i, len(bufs)):
+            ends[j] = bad if j == i else 0
+            _truncate(paths[j], ends[j], fsync)
+        break
+    return ends
+
+
+def _find_record(buf: bytes, start: int) -> int | None:
+    """First offset >= start holding a frame that passes its checksum and decodes to records
+    with fields of the right types.
+
+    A torn record's bytes hold client data, but an op id cannot hide a frame in them: a frame
+    header holds a NUL byte (its length's high byte), and ``cluster.validate`` refuses control
+    characters in op ids; a frame from a foreign source must also decode to well-typed fields.
+
+    Only used after a bad frame, to tell a torn tail from corruption. Reading a u32 at every
+    byte offset with numpy leaves only the few offsets whose length is plausible for the
+    checksum test, so a large garbage or zero-filled tail costs milliseconds.
+    """
+    count = len(buf) - _FRAME.size - start
+    chunk = 1 << 20
+    for lo in range(0, max(count, 0), chunk):
+        hi = min(count, lo + chunk)
+        lengths = np.ndarray((hi - lo,), dtype="<u4", buffer=buf, offset=start + lo, strides=(1,))
+        for i in np.flatnonzero((lengths >= 1) & (lengths <= MAX_RECORD_BYTES)).tolist():
+            off = start + lo + i
+            end = _frame_end(buf, off)
+            if end < 0:
+                continue
+            try:
+                _decode(memoryview(buf)[off + _FRAME.size : end])
+            except Exception:  # garbage that happens to pass crc32 is not a record
+                continue
+            return off
+    return None
+
+
+def _truncate(path: Path, size: int, fsync: bool) -> None:
+    # Durable before new records land after it, or a crash could resurrect the torn bytes.
+    with open(path, "r+b") as f:
+        f.truncate(size)
+        if fsync:
+            os.fsync(f.fileno())

@@ -1,0 +1,463 @@
+"""The group-commit writer: ``DurableLog`` appends records durably, rotates and snapshots.
+
+An op is acknowledged only after its record is on disk, so ``append`` returns only after an
+fsync that covers it. Many concurrent appends share one ``write`` and one fsync (group commit):
+a single writer task drains the queue, and the fsync runs in a worker thread so the event loop
+keeps serving while the disk works. Encoding lives in ``cluster.wal.records``, segment names
+and reading in ``cluster.wal.segments``, snapshot files and the recovery ``start`` runs in
+``cluster.wal.files``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import TracebackType
+
+import msgpack
+
+from cluster.errors import ConfigError
+from cluster.wal.errors import LogClosedError, LogError, LogWriteError
+from cluster.wal.files import (
+    _datasync,
+    _fsync_dir,
+    _read_snapshot,
+    _recover,
+    _Recovered,
+    _write_snapshot_file,
+)
+from cluster.wal.records import LogRecord, encode_columns, encode_records
+from cluster.wal.segments import _ARCHIVE, _segment_name, decode_segment, list_dir
+from cluster.wal.stats import LogStats, _MutableStats
+
+__all__ = ["DurableLog"]
+
+log = logging.getLogger("cluster.wal")  # the name the single-module log used; filters keep it
+
+
+class _Rotation:
+    """Queue marker: records before it go to the current segment, records after it to the next."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: asyncio.Future[int]) -> None:
+        self.future = future
+
+
+_Entry = tuple[bytes, int, "asyncio.Future[None]"]  # encoded frames, record count, ack
+
+
+class DurableLog:
+    """Append-only, group-committed, crash-safe log of ``LogRecord`` plus snapshots.
+
+    Config (validated here, ``ConfigError`` names the field):
+        directory            holds the segments and snapshots; created if missing
+        fsync = True         False skips fsync (benchmarks, tests); framing is unchanged
+        max_batch_records    >= 1, records per write+fsync; one append is never split
+        segment_bytes        >= 1, a segment is closed once it reaches this size
+        fsync_in_loop=False  True: write and fsync on the event-loop thread, blocking the loop
+                             for the fsync, instead of in the log's worker thread (saves the
+                             thread round trip; see ``bench/bench_hotpath.py``)
+
+    Lifecycle: ``start`` (recover) -> ``load_snapshot``/``replay`` -> appends and snapshots ->
+    ``stop`` (drain and close) or ``abort`` (close now, as a crash would).
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        fsync: bool = True,
+        max_batch_records: int = 10_000,
+        segment_bytes: int = 64 << 20,
+        fsync_in_loop: bool = False,
+        archive: bool = False,
+    ) -> None:
+        if max_batch_records < 1:
+            raise ConfigError(f"max_batch_records must be >= 1, got {max_batch_records}")
+        if segment_bytes < 1:
+            raise ConfigError(f"segment_bytes must be >= 1, got {segment_bytes}")
+        self._dir = Path(directory)
+        self._fsync = fsync
+        self._fsync_in_loop = fsync_in_loop
+        self._archive = archive  # covered segments go to <dir>/archive/ instead of away
+        self._max_batch = max_batch_records
+        self._segment_bytes = segment_bytes
+        self._pack = msgpack.Packer().pack
+        self._queue: deque[_Entry | _Rotation] = deque()
+        self._inflight: list[_Entry] = []
+        self._running = False
+        self._closing = False
+        self._failure: LogWriteError | None = None
+        self._recovered: _Recovered | None = None
+        self._snapshot: tuple[int, Path] | None = None
+        self._fd = -1
+        self._seq = 0
+        self._size = 0
+        # Held around every use of the fd, so abort() never closes it under a running fsync
+        # (and a reused fd number can never receive our bytes).
+        self._io_lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._wakeup: asyncio.Event | None = None
+        self._snapshot_lock: asyncio.Lock | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stats = _MutableStats()
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        if self._running or self._recovered is not None:
+            raise RuntimeError("DurableLog.start() called twice")
+        self._loop = asyncio.get_running_loop()
+        # One thread: writes must reach the file in queue order, and a slow snapshot on the
+        # default executor must never hold up an fsync that acknowledgements wait on.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wal")
+        try:
+            rec = await self._loop.run_in_executor(self._executor, _recover, self._dir, self._fsync)
+            self._seq, self._size = rec.segments[-1] if rec.segments else (rec.next_seq, 0)
+            self._fd = await self._loop.run_in_executor(
+                self._executor, self._open_segment, self._seq, not rec.segments
+            )
+        except BaseException:
+            self._executor.shutdown(wait=False)
+            raise
+        self._recovered = rec
+        self._snapshot = rec.snapshot
+        self._wakeup = asyncio.Event()
+        self._snapshot_lock = asyncio.Lock()
+        self._running = True
+        self._writer = asyncio.create_task(self._write_loop(), name=f"wal-writer:{self._dir}")
+
+    async def stop(self) -> None:
+        """Write and fsync everything appended so far, finish a running snapshot, close."""
+        if not self._running:
+            return
+        assert self._writer is not None and self._wakeup is not None
+        assert self._snapshot_lock is not None
+        self._closing = True
+        self._wakeup.set()
+        try:
+            await asyncio.shield(self._writer)
+            async with self._snapshot_lock:
+                pass
+        except asyncio.CancelledError:
+            self.abort()
+            raise
+        self._close()
+
+    def abort(self) -> None:
+        """Close now without writing what is queued, as a crash would; pending appends fail.
+
+        Blocks at most for an fsync already running in the worker thread: closing the fd under
+        it could hand its number to another file before the thread is done with it.
+        """
+        if not self._running:
+            return
+        if self._writer is not None:
+            self._writer.cancel()
+        closed = LogClosedError("log aborted before the records were durable")
+        for item in [*self._inflight, *self._queue]:
+            fut = item.future if isinstance(item, _Rotation) else item[2]
+            if not fut.done():
+                fut.set_exception(closed)
+                fut.exception()  # the caller hears it when it awaits; no "never retrieved"
+        self._queue.clear()
+        self._close()
+
+    def _close(self) -> None:
+        self._running = False
+        with self._io_lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def __aenter__(self) -> DurableLog:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    # ------------------------------------------------------------ reading
+
+    def load_snapshot(self) -> bytes | None:
+        """The latest complete snapshot blob, or None when the log has none."""
+        if self._recovered is None:
+            raise LogClosedError("load_snapshot() before start()")
+        if self._snapshot is None:
+            return None
+        seq, path = self._snapshot
+        return _read_snapshot(path, seq)
+
+    def replay(self) -> Iterator[LogRecord]:
+        """Every record that was on disk after the snapshot when ``start`` ran, in append order.
+
+        A pure read. Call it before appending or snapshotting: a snapshot deletes the segments
+        it reads. Records are the exact values appended (``kind`` comes back as a plain int).
+        """
+        if self._recovered is None:
+            raise LogClosedError("replay() before start()")
+        return self._replay(self._recovered.segments)
+
+    def _replay(self, segments: list[tuple[int, int]]) -> Iterator[LogRecord]:
+        for seq, end in segments:
+            path = self._dir / _segment_name(seq)
+            with open(path, "rb") as f:
+                buf = f.read(end)  # only what start() checked, even if appends followed
+            yield from decode_segment(path, buf)
+
+    def stats(self) -> LogStats:
+        """A consistent copy of the counters (the live ones change with every batch)."""
+        return self._stats.freeze()
+
+    @property
+    def directory(self) -> Path:
+        return self._dir
+
+    # ------------------------------------------------------------ writing
+
+    def append_nowait(self, records: Sequence[LogRecord]) -> asyncio.Future[None]:
+        """Queue records; the future resolves once they are durable (or fails, never both).
+
+        Encoding happens now, so a bad record raises ValueError here and nothing is queued.
+        Cancelling the future does not take the records back.
+        """
+        if self._failure is not None:
+            raise self._failure
+        if not self._running or self._closing:
+            raise LogClosedError("append to a log that is not running")
+        assert self._loop is not None and self._wakeup is not None
+        fut: asyncio.Future[None] = self._loop.create_future()
+        if not records:
+            fut.set_result(None)
+            return fut
+        self._queue.append((encode_records(records, self._pack), len(records), fut))
+        self._wakeup.set()
+        return fut
+
+    async def append(self, records: Sequence[LogRecord]) -> None:
+        """Return once the records are durable on disk (group-committed with other appends)."""
+        await self.append_nowait(records)
+
+    def append_columns_nowait(
+        self,
+        kind: int | Sequence[int],
+        op_id: Sequence[str],
+        table: str | Sequence[str],
+        key: str | Sequence[str],
+        delta: int | Sequence[int],
+        origin: str | Sequence[str],
+        p: int | Sequence[int],
+        n: int | Sequence[int],
+        ts: float | Sequence[float],
+    ) -> asyncio.Future[None]:
+        """``append_nowait`` for records given as columns, encoded with one msgpack call.
+
+        ``op_id`` is a list with one id per record; every other field is either a list or
+        tuple of the same length or one value shared by all the records (a node's APPLY batch
+        shares kind, origin and ts). Replay yields the same ``LogRecord`` values, in order,
+        as ``append_nowait`` of the rows would. The records of one call are one frame on
+        disk (split only past 64 KiB), so a torn tail drops them together.
+        """
+        if self._failure is not None:
+            raise self._failure
+        if not self._running or self._closing:
+            raise LogClosedError("append to a log that is not running")
+        assert self._loop is not None and self._wakeup is not None
+        fut: asyncio.Future[None] = self._loop.create_future()
+        data = encode_columns((kind, op_id, table, key, delta, origin, p, n, ts), self._pack)
+        if not data:
+            fut.set_result(None)
+            return fut
+        self._queue.append((data, len(op_id), fut))
+        self._wakeup.set()
+        return fut
+
+    async def append_columns(
+        self,
+        kind: int | Sequence[int],
+        op_id: Sequence[str],
+        table: str | Sequence[str],
+        key: str | Sequence[str],
+        delta: int | Sequence[int],
+        origin: str | Sequence[str],
+        p: int | Sequence[int],
+        n: int | Sequence[int],
+        ts: float | Sequence[float],
+    ) -> None:
+        """Return once the records are durable (see ``append_columns_nowait``)."""
+        await self.append_columns_nowait(kind, op_id, table, key, delta, origin, p, n, ts)
+
+    async def write_snapshot(self, make_blob: Callable[[], bytes]) -> None:
+        """Rotate and call ``make_blob()`` at that same instant, store it, drop covered segments.
+
+        The blob must reflect every record whose append was called before this call (those go
+        to the old segments, which are deleted); records appended later land in the new
+        segment and are replayed on top of the snapshot.
+        """
+        if not self._running or self._closing:
+            raise LogClosedError("snapshot of a log that is not running")
+        assert self._loop is not None and self._snapshot_lock is not None
+        assert self._wakeup is not None
+        async with self._snapshot_lock:
+            if self._failure is not None:
+                raise self._failure
+            if not self._running or self._closing:  # the writer may be gone: nobody would rotate
+                raise LogClosedError("snapshot of a log that is not running")
+            blob = make_blob()  # no await from here to the marker: the cut is exact
+            rotation = _Rotation(self._loop.create_future())
+            self._queue.append(rotation)
+            self._wakeup.set()
+            seq = await rotation.future
+            try:
+                # Default executor: a large blob must not delay the log writer's fsyncs.
+                path = await self._loop.run_in_executor(
+                    None, _write_snapshot_file, self._dir, seq, bytes(blob), self._fsync
+                )
+                self._snapshot = (seq, path)
+                await self._loop.run_in_executor(None, self._delete_covered, seq)
+            except OSError as exc:  # the segments are intact: appends go on, retry later
+                raise LogError(f"snapshot {seq} in {self._dir}: {exc}") from exc
+
+    def _delete_covered(self, seq: int) -> None:
+        segments, snapshots = list_dir(self._dir)
+        archive = self._dir / _ARCHIVE
+        for old, path in [*segments.items(), *snapshots.items()]:
+            if old < seq:
+                if self._archive and old in segments and path == segments[old]:
+                    archive.mkdir(exist_ok=True)
+                    os.replace(path, archive / path.name)
+                else:
+                    path.unlink(missing_ok=True)
+        if self._fsync:
+            _fsync_dir(self._dir)
+
+    async def _write_loop(self) -> None:
+        try:
+            await self._drain_forever()
+        except Exception as exc:  # a bug here must fail the waiters, not leave them hanging
+            self._fail(exc)
+
+    async def _drain_forever(self) -> None:
+        assert self._wakeup is not None
+        queue = self._queue
+        while True:
+            if not queue:
+                if self._closing:
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            head = queue[0]
+            if isinstance(head, _Rotation):
+                queue.popleft()
+                if not await self._rotate(head.future):
+                    return
+                continue
+            queue.popleft()
+            batch, count = [head], head[1]
+            while queue and not isinstance(nxt := queue[0], _Rotation):
+                if count + nxt[1] > self._max_batch:
+                    break
+                queue.popleft()
+                batch.append(nxt)
+                count += nxt[1]
+            if not await self._commit(batch, count):
+                return
+            if self._size >= self._segment_bytes and not await self._rotate(None):
+                return
+
+    async def _commit(self, batch: list[_Entry], count: int) -> bool:
+        data = b"".join([entry[0] for entry in batch])
+        self._inflight = batch
+        try:
+            if self._fsync and not self._fsync_in_loop:
+                assert self._loop is not None
+                seconds = await self._loop.run_in_executor(self._executor, self._write_io, data)
+            else:
+                seconds = self._write_io(data)  # page cache only or fsync_in_loop: no thread
+        except Exception as exc:
+            self._fail(exc)
+            return False
+        finally:
+            self._inflight = []
+        self._size += len(data)
+        self._stats.add_batch(count, len(data), seconds if self._fsync else None)
+        for entry in batch:
+            if not entry[2].done():  # a cancelled append still got written; nothing to tell
+                entry[2].set_result(None)
+        return True
+
+    def _write_io(self, data: bytes) -> float:
+        with self._io_lock:
+            if self._fd < 0:
+                raise LogClosedError("log closed during a write")
+            view = memoryview(data)
+            while view:  # a regular file may take a large write in pieces
+                view = view[os.write(self._fd, view) :]
+            if not self._fsync:
+                return 0.0
+            t0 = time.perf_counter()
+            _datasync(self._fd)
+            return time.perf_counter() - t0
+
+    async def _rotate(self, done: asyncio.Future[int] | None) -> bool:
+        assert self._loop is not None
+        try:
+            await self._loop.run_in_executor(self._executor, self._rotate_io)
+        except Exception as exc:
+            if done is not None and not done.done():
+                done.set_exception(LogWriteError(f"rotating segment: {exc}"))
+            self._fail(exc)
+            return False
+        if done is not None and not done.done():
+            done.set_result(self._seq)
+        return True
+
+    def _rotate_io(self) -> None:
+        # The previous batch was fsynced before we got here, so the old segment is complete.
+        fd = self._open_segment(self._seq + 1, True)
+        with self._io_lock:
+            if self._fd < 0:
+                os.close(fd)
+                raise LogClosedError("log closed during a rotation")
+            os.close(self._fd)
+            self._fd, self._seq, self._size = fd, self._seq + 1, 0
+
+    def _open_segment(self, seq: int, create: bool) -> int:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(self._dir / _segment_name(seq), flags | (os.O_EXCL if create else 0), 0o644)
+        if create and self._fsync:
+            _fsync_dir(self._dir)  # the new name must survive a crash like its contents
+        return fd
+
+    def _fail(self, exc: BaseException) -> None:
+        """Poison the log: fail every waiting append, refuse new ones."""
+        if isinstance(exc, LogError):
+            failure = LogWriteError(str(exc))
+        else:
+            failure = LogWriteError(f"write to {self._dir / _segment_name(self._seq)}: {exc}")
+        failure.__cause__ = exc
+        self._failure = failure
+        log.error("durable log failed, refusing further appends: %s", exc)
+        for item in [*self._inflight, *self._queue]:
+            fut = item.future if isinstance(item, _Rotation) else item[2]
+            if not fut.done():
+                fut.set_exception(failure)
+        self._queue.clear()
+
