@@ -26,7 +26,7 @@ from client.opids import OpIdSource
 from client.retry import AddResult, PendingOp, RetryLoop
 from client.stats import ClientStats
 from client.transport import HttpTransport
-from cluster.validate import CONSISTENCIES, INT64_MAX, INT64_MIN, NAME_RE
+from idc_contract import CONSISTENCIES, INT64_MAX, INT64_MIN, NAME_RE
 
 BatchOp = tuple[str, str, int]
 

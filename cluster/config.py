@@ -68,6 +68,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.errors import ConfigError
+from idc_contract import DEFAULT_MAX_BATCH_OPS, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_OP_ID_BYTES
 
 Peer = tuple[str, str, int]
 
@@ -140,9 +141,9 @@ class NodeConfig:
     body_timeout: float = 10.0
     idle_timeout: float = 75.0
     vnodes: int = 256
-    max_body_bytes: int = 4 << 20
-    max_batch_ops: int = 10_000
-    max_op_id_bytes: int = 256
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_batch_ops: int = DEFAULT_MAX_BATCH_OPS
+    max_op_id_bytes: int = DEFAULT_MAX_OP_ID_BYTES
     quorum_timeout: float = 2.0
     peer_connect_timeout: float = 1.0
     snapshot_interval: float = 30.0

@@ -34,6 +34,7 @@ from cluster.ring import Ring
 from cluster.state import NodeState
 from cluster.wal import DurableLog, RecordKind, make_record
 from cluster.wire import Kind, Status
+from idc_contract import U64_MAX
 
 log = logging.getLogger("cluster.leader")
 
@@ -44,9 +45,8 @@ APPLY, PUBLISHED = int(RecordKind.APPLY), int(RecordKind.PUBLISHED)
 _APPLIED, _DUPLICATE, _UNAVAILABLE = int(Status.APPLIED), int(Status.DUPLICATE), int(
     Status.UNAVAILABLE)
 _OVERFLOW = int(Status.OVERFLOW)
-_U64_MAX = (1 << 64) - 1
 # Below this, an entry plus a batch's deltas (their absolute sum also below it) cannot pass
-# _U64_MAX, so the common case skips the op-by-op overflow check.
+# U64_MAX, so the common case skips the op-by-op overflow check.
 _SAFE_ENTRY = 1 << 62
 
 
@@ -261,7 +261,7 @@ class Leader:
             if total is None:
                 total = totals[(table, key)] = list(own_pair(table, key))
             side = 0 if delta >= 0 else 1
-            if total[side] + abs(delta) > _U64_MAX:
+            if total[side] + abs(delta) > U64_MAX:
                 refused[i] = _DUPLICATE if op_id.encode() in dedup(table) else _OVERFLOW
             else:
                 total[side] += abs(delta)

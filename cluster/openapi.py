@@ -8,27 +8,18 @@ document against the app's routes and fuzzes a running node with it (schemathesi
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-from cluster.config import NodeConfig
+from idc_contract import (
+    DEFAULT_MAX_BATCH_OPS,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_OP_ID_BYTES,
+    INT64_MAX,
+    INT64_MIN,
+    NAME_PATTERN,
+)
 
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
-NAME_PATTERN = "^[A-Za-z0-9_.:-]{1,128}$"
 JSON, MSGPACK = "application/json", "application/msgpack"
-
-_FIELDS = {f.name: f for f in dataclasses.fields(NodeConfig)}
-
-
-def _default(name: str) -> int:
-    value = _FIELDS[name].default
-    assert isinstance(value, int)
-    return value
-
-
-DEFAULT_MAX_BATCH_OPS = _default("max_batch_ops")
-DEFAULT_MAX_OP_ID_BYTES = _default("max_op_id_bytes")
-DEFAULT_MAX_BODY_BYTES = _default("max_body_bytes")
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -177,6 +168,12 @@ def _schemas(max_batch_ops: int, max_op_id_bytes: int) -> dict[str, Any]:
             "required": ["value"],
             "properties": {"value": {"type": "integer"}},
         },
+        "Ready": {
+            "type": "object",
+            "required": ["node", "ready"],
+            "properties": {"node": {"type": "string"},
+                           "ready": {"type": "boolean", "enum": [True]}},
+        },
         "Health": {
             "type": "object",
             "required": ["node", "status", "members", "rf", "write_quorum", "window_s"],
@@ -244,11 +241,16 @@ def _responses(max_body_bytes: int) -> dict[str, Any]:
             "Too few replicas answered in time. For a write the op may or may not have been "
             "applied, and a retry with the same op_id is safe.",
             ["unavailable", "peer_error"]),
+        "NotReady": _error(
+            "The node is up but not settled and serving yet: it is recovering its log or "
+            "settling in-doubt ops with its replicas. Take it out of rotation (a Kubernetes "
+            "readiness probe, a load balancer's check) and ask again.", ["not_ready"]),
     }
 
 
 _CODES = {"BadRequest": "400", "Unauthorized": "401", "NotFound": "404", "RequestTimeout": "408",
-          "Expired": "410", "TooLarge": "413", "TooManyRequests": "429", "Unavailable": "503"}
+          "Expired": "410", "TooLarge": "413", "TooManyRequests": "429", "Unavailable": "503",
+          "NotReady": "503"}
 
 
 def _resp(ok: dict[str, Any], *errors: str) -> dict[str, Any]:
@@ -343,6 +345,19 @@ def spec(
                     *edge),
             },
         },
+        "/v1/ready": {
+            "get": {
+                "operationId": "ready",
+                "summary": "200 once the node is settled and serving, 503 before",
+                "description": "For readiness checks: answers 200 once the node has recovered "
+                               "its log and settled in-doubt ops with its replicas (the moment "
+                               "/v1/health's `status` turns `ok`), and 503 `not_ready` before.",
+                **open_route,
+                "responses": _resp(
+                    {"description": "Settled and serving.", "content": _both(_ref("Ready"))},
+                    "NotReady", *edge),
+            },
+        },
         "/metrics": {
             "get": {
                 "operationId": "metrics",
@@ -389,7 +404,7 @@ def spec(
                     "type": "http",
                     "scheme": "bearer",
                     "description": "`Authorization: Bearer <token>`, required (except by "
-                                   "/v1/health and /v1/openapi.json) when the node was "
+                                   "/v1/health, /v1/ready and /v1/openapi.json) when the node was "
                                    "started with client tokens (`token_file`).",
                 },
             },

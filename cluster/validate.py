@@ -24,11 +24,12 @@ from typing import Any
 import msgpack
 
 from cluster.errors import BadRequest
+from idc_contract import CONSISTENCIES, INT64_MAX, INT64_MIN, NAME_RE
 
-NAME_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
+__all__ = ["CONSISTENCIES", "INT64_MAX", "INT64_MIN", "NAME_RE", "CheckedOp", "check_batch",
+           "check_consistency", "check_name", "check_op", "decode_body"]
+
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # not in an op id: a log frame header needs a NUL
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
-CONSISTENCIES = ("one", "quorum", "all")
 
 # (table, key, op_id, delta, attempt, age_ms)
 CheckedOp = tuple[str, str, str, int, int, int]

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.ring import Ring
-
-INT64_MAX = (1 << 63) - 1
-INT64_MIN = -(1 << 63)
+from idc_contract import INT64_MAX as INT64_MAX  # the cases import the ranges from here
+from idc_contract import INT64_MIN as INT64_MIN
 
 
 @dataclass(frozen=True)
