@@ -8,8 +8,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ("bench.bench_fbf", "bench.bench_hotpath", "bench.bench_wire", "bench.bench_wal",
-              "bench.bench_cluster")
+BENCHMARKS = ("bench.bench_fbf", "bench.bench_dleft", "bench.bench_hotpath", "bench.bench_wire",
+              "bench.bench_wal", "bench.bench_cluster")
 
 
 def main(argv: list[str]) -> int:

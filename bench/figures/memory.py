@@ -122,7 +122,7 @@ def fig_memory_error(out: Path, s: Settings) -> Result:
             pts = sorted((r[2], r[col], r[1]) for r in rows if r[0] == name)
             x = np.array([p[0] for p in pts], dtype=float)
             y = np.array([p[1] for p in pts])
-            color = f"C{i % 10}"
+            color = plt.get_cmap("tab20")(i % 20)  # twelve strategies: tab10 would repeat
             ax.plot(x, np.maximum(y, floor), "-", color=color, lw=1.2, alpha=0.8)
             ax.plot(x[y > 0], y[y > 0], markers[i % len(markers)], color=color, ms=6,
                     label=name)
@@ -166,7 +166,7 @@ def fig_memory_error(out: Path, s: Settings) -> Result:
         return float(r[col]), int(r[2])
 
     parts = []
-    for name in ("fbf", "adaptive-fbf", "exact", "seqwindow", "counting-bloom"):
+    for name in ("fbf", "adaptive-fbf", "exact", "seqwindow", "counting-bloom", "dleft-window"):
         if name in DEDUP_NAMES:
             err, nbytes = best(name, 10)
             parts.append(f"{name} {err:.1e} @ {nbytes / 1000:.0f} kB")

@@ -152,9 +152,10 @@ class DLeftWindowFilter:
 
     def _sweep(self, lo: int, hi: int, shift: int) -> None:
         view = self.cells[lo * self.c : hi * self.c]
-        tags = view & view.dtype.type(self.P)
-        age = (self._ctag + self.P - tags.astype(np.int64)) % self.P
-        view[(tags != 0) & (age + shift > self.E)] = 0
+        # one table lookup per cell instead of modular arithmetic: tag -> expired at now + shift
+        tags = np.arange(self.P + 1)
+        expired = ((self._ctag + self.P - tags) % self.P + shift > self.E) & (tags != 0)
+        view[expired[view & view.dtype.type(self.P)]] = 0
 
     # -- scalar paths ---------------------------------------------------------------------------
 
@@ -243,6 +244,11 @@ class DLeftWindowFilter:
         from cluster.dedup.dleft_vector import seen_or_add_many
 
         return seen_or_add_many(self, op_ids)
+
+    def contains_many(self, op_ids: Sequence[bytes]) -> np.ndarray:
+        from cluster.dedup.dleft_vector import contains_many
+
+        return contains_many(self, op_ids)
 
     def merge(self, other: DLeftWindowFilter) -> None:
         """Take in every live id of ``other``, keeping the later epoch of an id both hold.
