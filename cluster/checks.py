@@ -34,6 +34,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from cluster.admission import needs_check
 from cluster.shards import CounterEntry
 from cluster.wire import Kind, Status
 
@@ -200,14 +201,6 @@ def claims_needed(node: Node) -> int:
     return max(rf - node.config.quorum, rf // 2)
 
 
-def needs_check(node: Node, op: Op) -> bool:
-    """A retry, or any op while this node saw a peer down (or restarted) within the window: it
-    may lead a key only because the primary is down, or be a primary that was cut off or
-    paused while another replica led its keys (a copy held in its socket buffer would
-    otherwise be applied a second time)."""
-    return op[4] > 1 or node.recently_degraded()
-
-
 async def ask_holds(node: Node, table: str, key: str, op_id: str, mode: int = CLAIM
                     ) -> tuple[int, list[tuple[str, int, bool, CounterEntry]]]:
     """Ask the key's other replicas about ``op_id`` (and claim it there, see ``Claims``):
@@ -270,8 +263,9 @@ async def lead_checked(node: Node, ops: list[Op]) -> list[int]:
     plain: list[int] = []
     checks = []
     idx_checked: list[int] = []
+    degraded = node.recently_degraded()
     for i, op in enumerate(ops):
-        if needs_check(node, op) and op[2].encode() not in node.state.dedup(op[0]):
+        if needs_check(op, degraded) and op[2].encode() not in node.state.dedup(op[0]):
             idx_checked.append(i)
             checks.append(_check_one(node, op))
         else:

@@ -20,10 +20,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
+from cluster.admission import SAFE_ENTRY, Admission
 from cluster.antientropy import Hints
 from cluster.batching import TickBatcher
 from cluster.config import NodeConfig
@@ -34,7 +34,6 @@ from cluster.ring import Ring
 from cluster.state import NodeState
 from cluster.wal import DurableLog, RecordKind, make_record
 from cluster.wire import Kind, Status
-from idc_contract import U64_MAX
 
 log = logging.getLogger("cluster.leader")
 
@@ -44,10 +43,6 @@ Op = tuple[str, str, str, int, int]
 APPLY, PUBLISHED = int(RecordKind.APPLY), int(RecordKind.PUBLISHED)
 _APPLIED, _DUPLICATE, _UNAVAILABLE = int(Status.APPLIED), int(Status.DUPLICATE), int(
     Status.UNAVAILABLE)
-_OVERFLOW = int(Status.OVERFLOW)
-# Below this, an entry plus a batch's deltas (their absolute sum also below it) cannot pass
-# U64_MAX, so the common case skips the op-by-op overflow check.
-_SAFE_ENTRY = 1 << 62
 
 
 class Leader:
@@ -75,7 +70,8 @@ class Leader:
         # op id -> monotonic time until which an op this node's check let through may apply
         self.leases: dict[str, float] = {}
         self.behind: set[str] = set()  # replicas that missed a write: anti-entropy them soon
-        self._near_limit = False  # an own entry passed 2^62: check batches for overflow
+        self.admission = Admission(config, state, claims, self.leases, metrics,
+                                   release_claims=release_claims)
         self.batcher: TickBatcher[Op] = TickBatcher(self._lead_now)
         self._targets: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._everyone_else = (tuple(m for m in ring.members if m != self.id)
@@ -90,7 +86,7 @@ class Leader:
         """Dedup, apply, log and replicate a batch this node leads; statuses in op order.
         Ops claimed for another node's check, and checked ops whose lease ran out (this node
         was paused after its check), answer 503 unapplied (``cluster.checks``); ops that
-        would overflow their entry answer ``counter_overflow`` (``_overflowing``). Ops on a key
+        would overflow their entry answer ``counter_overflow`` (``cluster.admission``). Ops on a key
         that still has an unpublished op here wait for it (``_lead_later``)."""
         later: list[int] = []
         if self.state.pending:
@@ -112,9 +108,7 @@ class Leader:
         return await self._lead_ready(ops)
 
     async def _lead_ready(self, ops: list[Op]) -> list[int]:
-        refused = self._refused(ops) if self.leases or self.claims else {}
-        if self._near_limit or sum(abs(op[3]) for op in ops) >= _SAFE_ENTRY:
-            refused.update(self._overflowing(ops, refused))
+        refused = self.admission.before_apply(ops)
         if not refused:
             return await self._lead_admitted(ops)
         statuses = [refused.get(i, _UNAVAILABLE) for i in range(len(ops))]
@@ -165,29 +159,6 @@ class Leader:
                     del free[(item[1], item[2])]
                     if not fut.done():
                         fut.set_result(None)
-
-    def _refused(self, ops: Sequence[Op]) -> dict[int, int]:
-        """Ops this node must not apply now (see ``_lead_now``): index -> 503."""
-        refused: dict[int, int] = {}
-        now = time.monotonic()
-        leases, claims, me = self.leases, self.claims, self.id
-        for i, (table, key, op_id, _delta, _attempt) in enumerate(ops):
-            deadline = leases.pop(op_id, None)
-            if deadline is not None:
-                if now > deadline:
-                    refused[i] = _UNAVAILABLE
-                    log.info("op %s passed its check %.3f s ago: stale, not applied", op_id,
-                             now - deadline)
-                    self._release_claims(table, key, op_id)
-                else:
-                    claims.applied(op_id)  # applied now: the dedup answers for it
-                continue
-            if claims:
-                holder = claims.holder(op_id)
-                if holder is not None and holder != me:
-                    refused[i] = _UNAVAILABLE
-        self.metrics.unavailable += len(refused)
-        return refused
 
     async def _lead_admitted(self, ops: list[Op]) -> list[int]:
         statuses, own, groups, dup_waits = self._apply_batch(ops)
@@ -241,32 +212,10 @@ class Leader:
         if not rows:
             return statuses, None, groups, dup_waits
         op_ids, tables, keys, deltas, ps, ns = zip(*rows, strict=True)
-        if max(ps) >= _SAFE_ENTRY or max(ns) >= _SAFE_ENTRY:
-            self._near_limit = True  # from now on every batch is checked op by op
+        if max(ps) >= SAFE_ENTRY or max(ns) >= SAFE_ENTRY:
+            self.admission.near_limit = True  # from now on every batch is checked op by op
         own = self.log.append_columns_nowait(APPLY, op_ids, tables, keys, deltas, me, ps, ns, now)
         return statuses, own, groups, dup_waits
-
-    def _overflowing(self, ops: Sequence[Op], skip: Mapping[int, int]) -> dict[int, int]:
-        """Ops (not in ``skip``) that would raise this node's own entry of their key past
-        2^64 - 1, the most the log, the peer frames and the snapshots carry: index -> status.
-        Such an op is refused (``counter_overflow``) and its id is not remembered, unless the
-        dedup already holds it: a retry of an op applied before is still a duplicate."""
-        own_pair, dedup = self.state.shards.own_pair, self.state.dedup
-        totals: dict[tuple[str, str], list[int]] = {}
-        refused: dict[int, int] = {}
-        for i, (table, key, op_id, delta, _attempt) in enumerate(ops):
-            if i in skip:
-                continue
-            total = totals.get((table, key))
-            if total is None:
-                total = totals[(table, key)] = list(own_pair(table, key))
-            side = 0 if delta >= 0 else 1
-            if total[side] + abs(delta) > U64_MAX:
-                refused[i] = _DUPLICATE if op_id.encode() in dedup(table) else _OVERFLOW
-            else:
-                total[side] += abs(delta)
-        self.metrics.overflows += sum(1 for s in refused.values() if s == _OVERFLOW)
-        return refused
 
     def targets_of(self, table: str, key: str) -> tuple[str, ...]:
         """The key's replicas other than this node (cached per preference list)."""

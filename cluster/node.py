@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster import antientropy, checks, settle
+from cluster.admission import needs_check, stale_after_ms
 from cluster.antientropy import Hints
 from cluster.auth import PeerAuth, load_secret
 from cluster.config import NodeConfig
@@ -258,7 +259,7 @@ class Node:
             return done
         if self.is_live == self.detector.is_live:
             self.detector.check_all()  # after a pause, see the silence before leading anything
-        if self.recently_degraded() or any(op[4] > 1 for op in ops):
+        if any(needs_check(op, self.recently_degraded()) for op in ops):
             return asyncio.ensure_future(checks.lead_checked(self, list(ops)))
         return self.leader.submit(ops)
 
@@ -267,7 +268,7 @@ class Node:
         if kind == Kind.REPLICATE:
             return self.replica.on_replicate(body)  # None once durable, False if refused
         if kind == Kind.FORWARD:
-            return self.lead(unstamped(body, int(self.config.failure_timeout * 500)))
+            return self.lead(unstamped(body, stale_after_ms(self.config)))
         if kind == Kind.READ:
             return self.replica.on_read(body)
         if kind == Kind.REPAIR:
