@@ -19,6 +19,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
+from cluster.admission import expired, stale_after_ms
 from cluster.auth import PeerAuth
 from cluster.errors import (
     BadRequest,
@@ -132,18 +133,8 @@ async def _read_body(request: web.Request) -> Any:
                        max_depth=cfg.max_nesting_depth)
 
 
-def _stale_after_ms(node: Node) -> int:
-    """Half the time it takes to declare a leader down: an op older than this may have been
-    retried at a replica that took over, so it is checked there first (cluster.validate)."""
-    return int(node.config.failure_timeout * 500)
-
-
 def _expired(node: Node, op: CheckedOp) -> bool:
-    """Older than the table's window; a strategy with no window (``none``) never refuses."""
-    if op[5] <= 0:
-        return False
-    window = node.state.window(op[0])
-    return window > 0 and op[5] > window * 1000.0
+    return expired(node.state.window(op[0]), op[5])
 
 
 async def post_counter(request: web.Request) -> web.Response:
@@ -154,7 +145,7 @@ async def post_counter(request: web.Request) -> web.Response:
                   max_op_id_bytes=node.config.max_op_id_bytes,
                   max_depth=node.config.max_nesting_depth,
                   max_clock_skew_ms=int(node.config.max_clock_skew * 1000),
-                  stale_after_ms=_stale_after_ms(node))
+                  stale_after_ms=stale_after_ms(node.config))
     if _expired(node, op):
         node.metrics.expired += 1
         raise OpExpired(f"op is {op[5]} ms old; this node recognises retries for "
@@ -175,7 +166,7 @@ async def post_batch(request: web.Request) -> web.Response:
     ops = check_batch(await _read_body(request), max_ops=cfg.max_batch_ops,
                       max_op_id_bytes=cfg.max_op_id_bytes, max_depth=cfg.max_nesting_depth,
                       max_clock_skew_ms=int(cfg.max_clock_skew * 1000),
-                      stale_after_ms=_stale_after_ms(node))
+                      stale_after_ms=stale_after_ms(node.config))
     statuses = [_EXPIRED] * len(ops)
     live = [i for i, op in enumerate(ops) if not _expired(node, op)]
     node.metrics.expired += len(ops) - len(live)

@@ -249,10 +249,10 @@ def test_grow_and_fold_keep_members() -> None:
     f = ForgetfulBloomFilter(m=5000, k=5, n_past=2, period=1.0, clock=clock, target_fpp=1e-3)
     members = ids("m", 400)
     f.add_many(members)
-    f._grow()
+    f.grow()
     assert f.m == 10_000
     assert all(f.contains_many(members))
-    f._fold()
+    f.fold()
     assert f.m == 5000
     assert all(f.contains_many(members))
 

@@ -2,8 +2,9 @@
 
 ``FBFDedup`` wraps ``ForgetfulBloomFilter.for_window`` (Sections III-IV): ids are remembered for
 the window and forgotten by time, at an FPP sized from the design rate. ``AdaptiveFBFDedup``
-turns on the window-keeping Algorithm 3 (``target_fpp`` and ``max_bytes``) and runs one
-``adapt()`` step from the hot path at most once per second of clock time, so a node that does not
+gives the filter an ``AdaptivePolicy`` (the window-keeping Algorithm 3, ``target_fpp`` and
+``max_bytes``) and offers it a step from the hot path after every insert; the policy decides
+whether one is due (once per its ``interval``, a second of clock time), so a node that does not
 run a background task still adapts.
 """
 
@@ -76,13 +77,10 @@ class AdaptiveFBFDedup(FBFDedup):
     """The adaptive FBF: keeps its FPP under the target as the rate changes, never the window."""
 
     name: str = "adaptive-fbf"
-    ADAPT_INTERVAL = 1.0
 
     def __init__(self, f: ForgetfulBloomFilter, clock: Clock = time.time) -> None:
         super().__init__(f)
         self._clock = clock
-        # not at once: adapt() measures the rate since the filter was made
-        self._next_adapt = clock() + self.ADAPT_INTERVAL
         self.adaptations = 0
 
     @classmethod
@@ -97,21 +95,20 @@ class AdaptiveFBFDedup(FBFDedup):
 
     def seen_or_add(self, op_id: bytes) -> bool:
         dup = not self._f.add(op_id)
-        now = self._clock()
-        if now >= self._next_adapt:
-            self._next_adapt = now + self.ADAPT_INTERVAL
-            if self._f.adapt():
-                self.adaptations += 1
+        self._offer_step()
         return dup
 
     def seen_or_add_many(self, op_ids: Sequence[bytes]) -> list[bool]:
         dups = super().seen_or_add_many(op_ids)
-        now = self._clock()
-        if now >= self._next_adapt:
-            self._next_adapt = now + self.ADAPT_INTERVAL
-            if self._f.adapt():
-                self.adaptations += 1
+        self._offer_step()
         return dups
+
+    def _offer_step(self) -> None:
+        # the policy says when (it was attached with the filter: its first step is an interval
+        # after, once there is a rate to measure); the filter runs the step
+        policy = self._f.policy
+        if policy is not None and policy.due(self._clock()) and self._f.adapt():
+            self.adaptations += 1
 
     def stats(self) -> dict[str, float]:
         s = super().stats()
