@@ -20,6 +20,7 @@ import asyncio
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from client.chaos.history import load
 from client.chaos.nemesis import ALL
@@ -112,6 +113,10 @@ def config_from_args(args: argparse.Namespace) -> ChaosConfig:
                         max_delta=args.max_delta, attempt_timeout=args.attempt_timeout,
                         total_timeout=args.total_timeout, batch_interval=args.batch_interval,
                         coalesce=args.coalesce, send_age=not args.no_age)
+    if args.data_dir and any(Path(args.data_dir).glob("*/incarnation")):
+        # the nodes would start from that state: counts of an earlier run, reported as over
+        raise ValueError(f"--data-dir {args.data_dir} holds the nodes of an earlier run; "
+                         "give a new or empty directory")
     nemeses: tuple[str, ...] | None = None
     if args.nemesis:
         nemeses = tuple(x for x in args.nemesis.split(",") if x and x != "none")
