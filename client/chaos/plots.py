@@ -5,10 +5,19 @@ from __future__ import annotations
 import csv
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from client.chaos.dedup import DedupResult
+
+class DedupResult(Protocol):
+    """What the figures read of a comparison (``client.chaos.dedup.DedupResult``); declared
+    here so the plots do not import the runner that calls them."""
+
+    strategies: list[str]
+    lost_ack: float
+    samples: list[dict[str, float]]
+    batch_ms: dict[str, list[float]]
+    rows: list[dict[str, Any]]
+    files: list[str]
 
 COLUMNS = ["strategy", "final", "acknowledged", "unknown", "error_pct", "over_count",
            "under_count", "converged", "exact", "batch50_mean_ms", "batch50_p50_ms",

@@ -16,17 +16,32 @@ or peer frames. Errors answer ``{"error": "...", "status": N}`` as Toxiproxy doe
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, Protocol
 
 from aiohttp import web
 
-from client.proxy.server import ProxyError
+from client.proxy.errors import ProxyError
 from client.proxy.toxics import ToxicError
 from cluster.config import parse_hostport
 
-if TYPE_CHECKING:
-    from client.proxy.server import ProxyServer
+
+class ProxyServer(Protocol):
+    """What the control API needs of the proxies it serves (``client.proxy.server``); declared
+    here so the API does not import the server that starts it."""
+
+    proxies: dict[str, Any]
+
+    async def create(self, name: str, listen: str, upstream: str, *, protocol: str = "tcp",
+                     enabled: bool = True) -> Any: ...
+
+    def get(self, name: str) -> Any: ...
+
+    async def delete(self, name: str) -> None: ...
+
+    async def reset(self) -> None: ...
+
+    async def populate(self, items: Iterable[Mapping[str, Any]]) -> list[Any]: ...
 
 VERSION = "idemcount-proxy 0.1 (toxiproxy-compatible subset)"
 SERVER: web.AppKey[Any] = web.AppKey("proxy_server", object)

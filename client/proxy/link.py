@@ -13,13 +13,35 @@ import random
 import socket
 import struct
 import time
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from collections import Counter
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol
 
 from client.proxy.toxics import Toxic
 
-if TYPE_CHECKING:
-    from client.proxy.server import Proxy
+
+class Proxy(Protocol):
+    """What a connection needs of its proxy (``client.proxy.server.Proxy``): declared here, so
+    the link does not import the server that imports it."""
+
+    counters: Counter[str]
+    rng: random.Random
+    toxics: dict[str, Toxic]
+    upstream_addr: tuple[str, int]
+    connect_timeout: float
+    protocol: str
+
+    def forget(self, conn: Connection) -> None: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]: ...
+
+    def gate(self, toxic: Toxic, where: str) -> Any: ...  # a protocols.ReorderGate
+
+    async def send_http_copy(self, raw: bytes) -> None: ...
+
+
+# Serves a connection once its upstream is open (the proxy's protocol, ``client.proxy.protocols``)
+Handler = Callable[["Connection"], Awaitable[None]]
 
 _ids = itertools.count(1)
 _HIGH_WATER = 256  # queued chunks before a reader waits
@@ -124,9 +146,10 @@ class Connection:
     """A client connection and its upstream; ``close`` ends both, at once, exactly once."""
 
     def __init__(self, proxy: Proxy, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter) -> None:
+                 writer: asyncio.StreamWriter, handler: Handler) -> None:
         self.id = next(_ids)
         self.proxy = proxy
+        self.handler = handler
         self.rng = proxy.rng
         self.client_r, self.client_w = reader, writer
         self.up_r: asyncio.StreamReader | None = None
@@ -207,9 +230,7 @@ class Connection:
             for t in list(proxy.toxics.values()):
                 if t.type in ("timeout", "reset_peer"):
                     self.arm(t)
-            from client.proxy.protocols import HANDLERS
-
-            await HANDLERS[proxy.protocol](self)
+            await self.handler(self)
         except (ConnectionError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
                 asyncio.CancelledError):
             pass

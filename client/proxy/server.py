@@ -12,18 +12,11 @@ from collections import Counter
 from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any
 
+from client.proxy.errors import ProxyError as ProxyError
 from client.proxy.link import Connection
-from client.proxy.protocols import ReorderGate, read_http
+from client.proxy.protocols import HANDLERS, ReorderGate, read_http
 from client.proxy.toxics import PROTOCOLS, Toxic, ToxicError
 from cluster.config import parse_hostport
-
-
-class ProxyError(ValueError):
-    """A proxy definition or operation is invalid (HTTP 400/404/409 in the control API)."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class Proxy:
@@ -152,7 +145,7 @@ class Proxy:
     # -- connections -----------------------------------------------------------------------
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = Connection(self, reader, writer)
+        conn = Connection(self, reader, writer, HANDLERS[self.protocol])
         self.conns.add(conn)
         self.counters["connections"] += 1
         await conn.run()

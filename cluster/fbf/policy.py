@@ -24,13 +24,41 @@ The policy never holds the filter: each call gets it, and it must be the one it 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 from cluster.fbf.layout import MAX_FILTERS, word_bits
 from cluster.fbf_model import projected_fpp, shared_fpp
 
-if TYPE_CHECKING:
-    from cluster.fbf.filter import ForgetfulBloomFilter
+
+class ForgetfulBloomFilter(Protocol):
+    """What the policy reads and reshapes of a filter (``cluster.fbf.filter``): its shape, its
+    load, and its public reshaping. Declared here so the policy does not import the filter."""
+
+    m: int
+    k: int
+
+    @property
+    def period(self) -> float: ...
+
+    @property
+    def window(self) -> float: ...
+
+    @property
+    def inserted(self) -> int: ...
+
+    def sync(self) -> float: ...
+
+    def generation_loads(self) -> list[float]: ...
+
+    def filters_for(self, period: float) -> int: ...
+
+    def bytes_for(self, m: int, period: float) -> int: ...
+
+    def set_period(self, period: float) -> None: ...
+
+    def grow(self) -> None: ...
+
+    def fold(self) -> None: ...
 
 F_ELASTIC = 1  # a policy drives the filter
 F_OVER_TARGET = 2
