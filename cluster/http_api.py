@@ -19,9 +19,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
-from cluster.admission import expired, stale_after_ms
-from cluster.auth import PeerAuth
-from cluster.errors import (
+from cluster.core.errors import (
     BadRequest,
     BodyTooLarge,
     ClusterError,
@@ -31,10 +29,13 @@ from cluster.errors import (
     Unauthorized,
     Unavailable,
 )
+from cluster.core.metrics import render
 from cluster.listener import Listener
-from cluster.metrics import render
-from cluster.node import Node, Op
 from cluster.openapi import spec
+from cluster.roles.admission import expired, stale_after_ms
+from cluster.roles.member import Node, Op
+from cluster.transport.auth import PeerAuth
+from cluster.transport.wire import Status
 from cluster.validate import (
     CheckedOp,
     check_batch,
@@ -44,7 +45,6 @@ from cluster.validate import (
     decode_body,
     is_msgpack,
 )
-from cluster.wire import Status
 
 log = logging.getLogger("cluster.http")
 NODE_KEY: web.AppKey[Node] = web.AppKey("node", Node)
@@ -197,6 +197,15 @@ async def health(request: web.Request) -> web.Response:
     return reply(request, node.health())
 
 
+async def ready(request: web.Request) -> web.Response:
+    """Readiness: 200 once the node is settled and serving (``/v1/health`` says ``ok``)."""
+    node = request.app[NODE_KEY]
+    if not node.ready:
+        return reply(request, {"error": {"code": "not_ready", "message": (
+            f"{node.id} is recovering or settling in-doubt ops; not serving yet")}}, status=503)
+    return reply(request, {"node": node.id, "ready": True})
+
+
 async def openapi(request: web.Request) -> web.Response:
     cfg = request.app[NODE_KEY].config
     return web.json_response(spec(max_batch_ops=cfg.max_batch_ops,
@@ -216,7 +225,7 @@ async def metrics(request: web.Request) -> web.Response:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-OPEN_ROUTES = ("health", "openapi")  # answered without a token (health checks, discovery)
+OPEN_ROUTES = ("health", "ready", "openapi")  # answered without a token (probes, discovery)
 
 
 def _timed(route: str, handler: Handler) -> Handler:
@@ -295,6 +304,7 @@ def make_app(node: Node, edge: Edge | None = None) -> web.Application:
     app.router.add_post("/v1/batch", _timed("batch", post_batch))
     app.router.add_get("/v1/counters/{table}/{key}", _timed("get_counter", get_counter))
     app.router.add_get("/v1/health", _timed("health", health))
+    app.router.add_get("/v1/ready", _timed("ready", ready))
     app.router.add_get("/metrics", _timed("metrics", metrics))
     app.router.add_get("/v1/openapi.json", _timed("openapi", openapi))
     app.router.add_route("*", "/{tail:.*}", _timed("not_found", _not_found))

@@ -23,15 +23,15 @@ from schemathesis import GenerationMode
 from schemathesis.specs.openapi import checks as oa_checks
 
 from cluster import http_api
-from cluster.config import NodeConfig
+from cluster.core.config import NodeConfig
 from cluster.local import LocalCluster
-from cluster.node import Node
 from cluster.openapi import (
     DEFAULT_MAX_BATCH_OPS,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_OP_ID_BYTES,
     spec,
 )
+from cluster.roles.member import Node
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -118,7 +118,7 @@ def test_document_states_the_limits_it_is_given() -> None:
     assert "1000 bytes" in small["components"]["responses"]["TooLarge"]["description"]
     assert small["security"] == [{"bearerAuth": []}]
     # health checks and discovery never need the token (http_api.OPEN_ROUTES)
-    for path in ("/v1/health", "/v1/openapi.json"):
+    for path in ("/v1/health", "/v1/ready", "/v1/openapi.json"):
         assert small["paths"][path]["get"]["security"] == []
         assert "401" not in small["paths"][path]["get"]["responses"]
     assert spec() == default and spec() is not default  # a fresh dict each call

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from cluster.core.hashing import hash_pair, positions
 from cluster.dedup._base import (
     OneByOne,
     check_version,
@@ -41,7 +42,6 @@ from cluster.dedup._base import (
     next_prime,
     poisson_sf,
 )
-from cluster.hashing import hash_pair, positions
 
 MAX = 255
 

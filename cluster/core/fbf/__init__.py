@@ -7,8 +7,8 @@
     layout.py   the bit-sliced words and the bulk operations on them
 """
 
-from cluster.fbf.filter import ForgetfulBloomFilter
-from cluster.fbf.layout import MAX_FILTERS
-from cluster.fbf.policy import AdaptivePolicy, PolicyState
+from cluster.core.fbf.filter import ForgetfulBloomFilter
+from cluster.core.fbf.layout import MAX_FILTERS
+from cluster.core.fbf.policy import AdaptivePolicy, PolicyState
 
 __all__ = ["MAX_FILTERS", "AdaptivePolicy", "ForgetfulBloomFilter", "PolicyState"]

@@ -15,12 +15,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cluster.config import NodeConfig
-from cluster.errors import PeerError, Unavailable
-from cluster.metrics import NodeMetrics
-from cluster.peer import PeerLink
-from cluster.ring import Ring
-from cluster.wire import Kind, Status
+from cluster.core.config import NodeConfig
+from cluster.core.errors import PeerError, Unavailable
+from cluster.core.metrics import NodeMetrics
+from cluster.core.ring import Ring
+from cluster.transport.peer import PeerLink
+from cluster.transport.wire import Kind, Status
 
 log = logging.getLogger("cluster.coordinator")
 

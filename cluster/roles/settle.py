@@ -3,8 +3,8 @@
 An op is *unpublished* from its APPLY until its quorum acked (then a PUBLISHED record is
 appended, without waiting for it); it is *in doubt* once that quorum failed. In-doubt ops, and
 the unpublished APPLYs a restarted node finds in its log (or snapshot), are settled by asking the
-replicas (``HOLDS``, ``cluster.checks``): if another leader applied the op, this node withdraws
-its own application with a compensating delta on the op's own origin (a WITHDRAW record);
+replicas (``HOLDS``, ``cluster.roles.checks``): if another leader applied the op, this node
+withdraws its own application with a compensating delta on the op's own origin (a WITHDRAW record);
 otherwise it publishes it (replicates it again). Until then the op's delta is hidden: nobody but
 this node sees it (``ShardStore.hide``; docs/node.md "What is visible when").
 """
@@ -16,12 +16,12 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from cluster import checks
-from cluster.checks import BUSY, CLAIM, HELD, IN_DOUBT, WITHDRAWN, consume, release_claims
-from cluster.quorum import quorum_future
-from cluster.shards import CounterEntry
+from cluster.core.shards import CounterEntry
+from cluster.roles import checks
+from cluster.roles.checks import BUSY, CLAIM, HELD, IN_DOUBT, WITHDRAWN, consume, release_claims
+from cluster.roles.quorum import quorum_future
+from cluster.transport.wire import Kind
 from cluster.wal import RecordKind, make_record
-from cluster.wire import Kind
 
 if TYPE_CHECKING:
     from cluster.wal import DurableLog

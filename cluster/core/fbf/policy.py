@@ -16,9 +16,10 @@ falls, and raises ``over_target`` when ``max_bytes`` stops it from meeting the t
 degrading silently.
 
 The filter carries its policy, and its snapshot carries the policy's state: ``state()`` is a
-``PolicyState`` that ``cluster.fbf.codec`` writes into fixed header slots, and ``restore`` rebuilds
-the policy from it. A filter without a policy writes an idle ``PolicyState`` in those slots.
-The policy never holds the filter: each call gets it, and it must be the one it was attached to.
+``PolicyState`` that ``cluster.core.fbf.codec`` writes into fixed header slots, and ``restore``
+rebuilds the policy from it. A filter without a policy writes an idle ``PolicyState`` in those
+slots. The policy never holds the filter: each call gets it, and it must be the one it was
+attached to.
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ from __future__ import annotations
 import math
 from typing import NamedTuple, Protocol
 
-from cluster.fbf.layout import MAX_FILTERS, word_bits
-from cluster.fbf_model import projected_fpp, shared_fpp
+from cluster.core.fbf.layout import MAX_FILTERS, word_bits
+from cluster.core.fbf_model import projected_fpp, shared_fpp
 
 
 class ForgetfulBloomFilter(Protocol):
-    """What the policy reads and reshapes of a filter (``cluster.fbf.filter``): its shape, its
+    """What the policy reads and reshapes of a filter (``cluster.core.fbf.filter``): its shape, its
     load, and its public reshaping. Declared here so the policy does not import the filter."""
 
     m: int

@@ -12,8 +12,8 @@ from typing import Any
 
 import msgpack
 
-from cluster.config import NodeConfig
-from cluster.shards import ShardStore
+from cluster.core.config import NodeConfig
+from cluster.core.shards import ShardStore
 
 SNAPSHOT_VERSION = 1
 _VECTOR_MIN = 12  # below this, numpy's fixed cost outweighs its per-item gain (measured)

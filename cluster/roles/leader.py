@@ -6,7 +6,7 @@
         -> _lead_admitted -> _apply_batch (sync: dedup, raise own pair, hide it, log append)
         -> _replicate (one REPLICATE frame per replica group) -> quorum: own log + W-1 acks
         -> published: the ops become visible (release), a PUBLISHED record; or in doubt: 503,
-           settled later (cluster.settle)
+           settled later (cluster.roles.settle)
 
 A leader checks all the op ids of a batch in the table's dedup in one call, raises its own pair
 for each new op, appends APPLY records (one group-commit fsync for the batch) and, without
@@ -23,17 +23,17 @@ import logging
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
-from cluster.admission import SAFE_ENTRY, Admission
-from cluster.antientropy import Hints
-from cluster.batching import TickBatcher
-from cluster.config import NodeConfig
-from cluster.metrics import NodeMetrics
-from cluster.peer import PeerLink
-from cluster.quorum import quorum_future
-from cluster.ring import Ring
-from cluster.state import NodeState
+from cluster.core.config import NodeConfig
+from cluster.core.metrics import NodeMetrics
+from cluster.core.ring import Ring
+from cluster.roles.admission import SAFE_ENTRY, Admission
+from cluster.roles.antientropy import Hints
+from cluster.roles.batching import TickBatcher
+from cluster.roles.quorum import quorum_future
+from cluster.roles.state import NodeState
+from cluster.transport.peer import PeerLink
+from cluster.transport.wire import Kind, Status
 from cluster.wal import DurableLog, RecordKind, make_record
-from cluster.wire import Kind, Status
 
 log = logging.getLogger("cluster.leader")
 
@@ -85,9 +85,9 @@ class Leader:
     async def _lead_now(self, ops: list[Op], deadline: float | None = None) -> list[int]:
         """Dedup, apply, log and replicate a batch this node leads; statuses in op order.
         Ops claimed for another node's check, and checked ops whose lease ran out (this node
-        was paused after its check), answer 503 unapplied (``cluster.checks``); ops that
-        would overflow their entry answer ``counter_overflow`` (``cluster.admission``). Ops on a key
-        that still has an unpublished op here wait for it (``_lead_later``)."""
+        was paused after its check), answer 503 unapplied (``cluster.roles.checks``); ops that
+        would overflow their entry answer ``counter_overflow`` (``cluster.roles.admission``). Ops
+        on a key that still has an unpublished op here wait for it (``_lead_later``)."""
         later: list[int] = []
         if self.state.pending:
             busy, own = self.state.busy, self.state.shards.own

@@ -19,10 +19,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from cluster.wire import Kind
+from cluster.transport.wire import Kind
 
 if TYPE_CHECKING:
-    from cluster.peer import PeerLink
+    from cluster.transport.peer import PeerLink
 
 
 class Node(Protocol):

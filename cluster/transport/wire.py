@@ -5,7 +5,7 @@ how one listening port serves both HTTP clients and peers), then frames flow bot
 
     frame   = length:uint32 BE | flags:uint8 | payload (msgpack [kind, req_id, body])
               [| seq:uint64 BE | mac:32 bytes]        (when flags bit 0 is set)
-    flags   = 0: unsigned (a cluster without a secret); 1: signed, see ``cluster.auth``
+    flags   = 0: unsigned (a cluster without a secret); 1: signed, see ``cluster.transport.auth``
 
 On a cluster with a secret every frame is signed and the first one each way opens the
 connection (a signed HELLO); until the HELLO checks out, a frame may be at most
@@ -24,8 +24,8 @@ from typing import Any
 
 import msgpack
 
-from cluster.auth import FLAG_SIGNED, TRAILER_BYTES, AuthError, Signer, Verifier
-from cluster.errors import PeerError
+from cluster.core.errors import PeerError
+from cluster.transport.auth import FLAG_SIGNED, TRAILER_BYTES, AuthError, Signer, Verifier
 
 MAGIC = b"\x00IDC1\n"
 PROTOCOL_VERSION = 1

@@ -42,8 +42,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from cluster.errors import ConfigError, PeerError
-from cluster.metrics import Refusals
+from cluster.core.errors import ConfigError, PeerError
+from cluster.core.metrics import Refusals
 
 log = logging.getLogger("cluster.auth")
 

@@ -7,7 +7,7 @@ An op meets them at two points of the write path, because what each rule needs l
   ``stale_after_ms``: it counts as a retry, since a replica may have taken over meanwhile).
 - **At the leader, before the apply** (``Admission.before_apply``, no await until the apply):
   *the check* (a retry, or any op while this node was recently degraded, is first checked on
-  the other replicas: ``needs_check``, ``cluster.checks``), *claims* (an op claimed here for
+  the other replicas: ``needs_check``, ``cluster.roles.checks``), *claims* (an op claimed here for
   another node's check answers 503), *leases* (an op whose check passed longer ago than its
   lease answers 503: this node was paused in between), and *overflow* (an op that would take
   this node's own pair past 2^64 - 1 answers ``counter_overflow``, unless it is a duplicate).
@@ -22,13 +22,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from cluster.wire import Status
+from cluster.transport.wire import Status
 from idc_contract import U64_MAX
 
 if TYPE_CHECKING:
-    from cluster.config import NodeConfig
-    from cluster.metrics import NodeMetrics
-    from cluster.state import NodeState
+    from cluster.core.config import NodeConfig
+    from cluster.core.metrics import NodeMetrics
+    from cluster.roles.state import NodeState
 
 log = logging.getLogger("cluster.admission")
 

@@ -24,15 +24,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 import mmh3
 import msgpack
 
-from cluster.shards import CounterEntry
-from cluster.wire import Kind
+from cluster.core.shards import CounterEntry
+from cluster.transport.wire import Kind
 
 if TYPE_CHECKING:
-    from cluster.config import NodeConfig
-    from cluster.metrics import NodeMetrics
-    from cluster.peer import PeerLink
-    from cluster.ring import Ring
-    from cluster.state import NodeState
+    from cluster.core.config import NodeConfig
+    from cluster.core.metrics import NodeMetrics
+    from cluster.core.ring import Ring
+    from cluster.roles.state import NodeState
+    from cluster.transport.peer import PeerLink
 
 
 class Node(Protocol):

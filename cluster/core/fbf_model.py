@@ -1,7 +1,7 @@
 """The FBF's false-positive model: equation (3) of Section IV, its shared-generation
 correction, the steady state at a given insert rate, and the sizing that follows from them.
 
-Pure functions of loads (inserts per bit); ``cluster.fbf`` uses them for ``estimated_fpp``,
+Pure functions of loads (inserts per bit); ``cluster.core.fbf`` uses them for ``estimated_fpp``,
 ``adapt`` and ``for_window``, and the benchmarks plot them against measured rates.
 """
 

@@ -12,7 +12,7 @@
     +-- ConfigError (also ValueError)  no          -       bad configuration, names the field
 
 Errors raised below the transport boundary (OSError, msgpack errors) are translated once, in
-``cluster.peer`` and ``cluster.http_api``, with ``raise ... from exc``.
+``cluster.transport.peer`` and ``cluster.http_api``, with ``raise ... from exc``.
 """
 
 from __future__ import annotations

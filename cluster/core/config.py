@@ -19,7 +19,8 @@ Every field, its default and its constraint (durations are float seconds):
                         instead of deleting them (for ``python -m client.chaos --explain``;
                         the archive grows without bound)
     secret_file         cluster secret: every peer frame is signed with HMAC-SHA256 under keys
-                        derived from it (cluster.auth); without it peers are not authenticated
+                        derived from it (cluster.transport.auth); without it peers are not
+                        authenticated
     peer_auth_skew = 30.0   a peer HELLO whose clock is further off than this is refused, and
                         HELLO nonces are remembered for twice as long (replays refused)
     token_file          optional: client requests must send ``Authorization: Bearer <token>``
@@ -67,7 +68,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cluster.errors import ConfigError
+from cluster.core.errors import ConfigError
 from idc_contract import DEFAULT_MAX_BATCH_OPS, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_OP_ID_BYTES
 
 Peer = tuple[str, str, int]

@@ -2,7 +2,7 @@
 
 The read-only estimates of ``ForgetfulBloomFilter``, kept apart from the structure's updates: a
 base class whose methods read the filter's fills (exact, from the words) and generation loads
-(inserts per bit, tracked at insert) and apply equations (1) and (3) (``cluster.fbf_model``).
+(inserts per bit, tracked at insert) and apply equations (1) and (3) (``cluster.core.fbf_model``).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from cluster.bloom import bloom_fpp
-from cluster.fbf import layout
-from cluster.fbf_model import fbf_fpp, shared_fpp
+from cluster.core.bloom import bloom_fpp
+from cluster.core.fbf import layout
+from cluster.core.fbf_model import fbf_fpp, shared_fpp
 
 
 class Estimates:

@@ -14,10 +14,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from cluster.batching import TickBatcher
-from cluster.metrics import NodeMetrics
-from cluster.shards import CounterEntry
-from cluster.state import NodeState
+from cluster.core.metrics import NodeMetrics
+from cluster.core.shards import CounterEntry
+from cluster.roles.batching import TickBatcher
+from cluster.roles.state import NodeState
 from cluster.wal import DurableLog, LogRecord, RecordKind
 
 log = logging.getLogger("cluster.replica")

@@ -1,6 +1,6 @@
 """The Forgetful Bloom Filter (Subramanyam et al., Sections III-IV): a moving window of op ids.
 
-Layout: bit-sliced (``cluster.fbf.layout``). The N+2 constituent filters share one numpy array
+Layout: bit-sliced (``cluster.core.fbf.layout``). The N+2 constituent filters share one numpy array
 of m words, bit j of word p being bit p of filter j. A check ANDs the item's k words: bit j of the
 result says "the item is in filter j", and Algorithm 2 is three integer operations on that mask
 whatever the number of filters. A refresh (Section III-C) is one shift of the whole array, atomic
@@ -13,9 +13,9 @@ twice. Here the oldest filter alone is always checked.
 The structure only. Its shape changes through the public ``grow`` (double m), ``fold`` (halve
 m) and ``set_period``; with a policy attached (``elastic``) its filter count follows ``window`` at
 each refresh, so that no reshaping shortens the window. When and how to reshape is
-``AdaptivePolicy``'s job (``cluster.fbf.policy``, Algorithm 3), an object beside the filter that
-the filter carries so that one snapshot holds both (``cluster.fbf.codec``: the header's policy
-slots, written back unread). ``adapt()``, ``measured_rate()``, ``over_target`` and
+``AdaptivePolicy``'s job (``cluster.core.fbf.policy``, Algorithm 3), an object beside the filter
+that the filter carries so that one snapshot holds both (``cluster.core.fbf.codec``: the header's
+policy slots, written back unread). ``adapt()``, ``measured_rate()``, ``over_target`` and
 ``target_fpp`` are shorthands for the policy's.
 """
 
@@ -27,14 +27,22 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from cluster.bloom import load_from_fill
-from cluster.fbf import layout
-from cluster.fbf.codec import Snapshot, decode, encode
-from cluster.fbf.estimates import Estimates
-from cluster.fbf.layout import MAX_FILTERS, dtype_for
-from cluster.fbf.policy import AdaptivePolicy, PolicyState
-from cluster.fbf_model import size_filters
-from cluster.hashing import MASK64, SEED, HashFn, _murmur, hash_pair, hash_pairs_np, positions_np
+from cluster.core.bloom import load_from_fill
+from cluster.core.fbf import layout
+from cluster.core.fbf.codec import Snapshot, decode, encode
+from cluster.core.fbf.estimates import Estimates
+from cluster.core.fbf.layout import MAX_FILTERS, dtype_for
+from cluster.core.fbf.policy import AdaptivePolicy, PolicyState
+from cluster.core.fbf_model import size_filters
+from cluster.core.hashing import (
+    MASK64,
+    SEED,
+    HashFn,
+    _murmur,
+    hash_pair,
+    hash_pairs_np,
+    positions_np,
+)
 
 
 class ForgetfulBloomFilter(Estimates):
@@ -164,7 +172,7 @@ class ForgetfulBloomFilter(Estimates):
         m, mv = self.m, self._mv
         x, y = h1, h2
         w = self._live
-        for i in self._krange:  # cluster.hashing.positions, walked inline
+        for i in self._krange:  # cluster.core.hashing.positions, walked inline
             w &= mv[x % m]
             x = (x + y) & MASK64
             y = (y + i) & MASK64
@@ -448,7 +456,7 @@ class ForgetfulBloomFilter(Estimates):
     __hash__ = None  # type: ignore[assignment]
 
     def to_bytes(self) -> bytes:
-        """Versioned bytes (``cluster.fbf.codec``): the header with the policy's state, start
+        """Versioned bytes (``cluster.core.fbf.codec``): the header with the policy's state, start
         time and load per generation, the words."""
         self._sync_loads()
         return encode(Snapshot(

@@ -5,7 +5,7 @@ to the same peer and kind is coalesced into one frame, so a hundred concurrent s
 requests cost one frame, not a hundred. Replies are sliced back to their callers.
 Inbound connections arrive on the node's HTTP port and are told apart by ``wire.MAGIC``
 (``cluster.listener``), so a node needs one address only, as ``--peers`` lists. Frames are
-signed and checked per connection when the cluster has a secret (``cluster.auth``).
+signed and checked per connection when the cluster has a secret (``cluster.transport.auth``).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from cluster.auth import AuthError, PeerAuth, Signer, Verifier
-from cluster.config import NodeConfig
-from cluster.errors import PeerError
-from cluster.wire import MAGIC, PROTOCOL_VERSION, FrameDecoder, Kind, encode_frame
+from cluster.core.config import NodeConfig
+from cluster.core.errors import PeerError
+from cluster.transport.auth import AuthError, PeerAuth, Signer, Verifier
+from cluster.transport.wire import MAGIC, PROTOCOL_VERSION, FrameDecoder, Kind, encode_frame
 
 log = logging.getLogger("cluster.peer")
 

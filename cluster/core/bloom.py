@@ -7,7 +7,7 @@ import struct
 
 from bitarray import bitarray
 
-from cluster.hashing import MASK64, HashFn, hash_pair, positions
+from cluster.core.hashing import MASK64, HashFn, hash_pair, positions
 
 _MAGIC = b"BLM1"
 _HEADER = struct.Struct("<4sQIQ")  # magic, m, k, inserted count
@@ -46,7 +46,7 @@ class BloomFilter:
         bits, m = self._bits, self.m
         x, y = h1, h2
         new = False
-        for i in range(self.k):  # cluster.hashing.positions, walked inline
+        for i in range(self.k):  # cluster.core.hashing.positions, walked inline
             p = x % m
             if not bits[p]:
                 bits[p] = 1

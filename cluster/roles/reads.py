@@ -10,16 +10,16 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Protocol
 
-from cluster.errors import Unavailable
-from cluster.shards import CounterEntry
-from cluster.wire import Kind
+from cluster.core.errors import Unavailable
+from cluster.core.shards import CounterEntry
+from cluster.transport.wire import Kind
 
 if TYPE_CHECKING:
-    from cluster.config import NodeConfig
-    from cluster.metrics import NodeMetrics
-    from cluster.peer import PeerLink
-    from cluster.ring import Ring
-    from cluster.state import NodeState
+    from cluster.core.config import NodeConfig
+    from cluster.core.metrics import NodeMetrics
+    from cluster.core.ring import Ring
+    from cluster.roles.state import NodeState
+    from cluster.transport.peer import PeerLink
 
 
 class Node(Protocol):

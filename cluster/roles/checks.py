@@ -6,7 +6,7 @@ the key's other replicas whether they hold the op id (``HOLDS``) before applying
 that does makes the answer "duplicate", and the leader learns the id and the key's entry. Ops
 applied through this check are remembered exactly for the window (``checked``), so a node that
 later finds the same op in doubt can tell "another leader applied it" from "my own replication
-reached you" (``cluster.settle``).
+reached you" (``cluster.roles.settle``).
 
 **Claims: two checks of one op never both pass.** Asking and then applying is not atomic: a
 leader that was paused (or cut off) while another replica took over its keys resumes with
@@ -34,16 +34,16 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from cluster.admission import needs_check
-from cluster.shards import CounterEntry
-from cluster.wire import Kind, Status
+from cluster.core.shards import CounterEntry
+from cluster.roles.admission import needs_check
+from cluster.transport.wire import Kind, Status
 
 if TYPE_CHECKING:
-    from cluster.config import NodeConfig
-    from cluster.metrics import NodeMetrics
-    from cluster.peer import PeerLink
-    from cluster.ring import Ring
-    from cluster.state import NodeState
+    from cluster.core.config import NodeConfig
+    from cluster.core.metrics import NodeMetrics
+    from cluster.core.ring import Ring
+    from cluster.roles.state import NodeState
+    from cluster.transport.peer import PeerLink
 
 # A client op after validation: (table, key, op_id, delta, attempt)
 Op = tuple[str, str, str, int, int]

@@ -160,7 +160,7 @@ def wal_histogram(stats: object) -> Histogram:
 
 
 def render(node: Any, auth: Any = None, edge: Any = None) -> str:
-    """The node's /metrics page (``auth``: ``cluster.auth.PeerAuth``, ``edge``:
+    """The node's /metrics page (``auth``: ``cluster.transport.auth.PeerAuth``, ``edge``:
     ``cluster.listener.EdgeStats``, for what was refused at the door)."""
     m, ex = node.metrics, Exposition()
     for name, help_text in (

@@ -1,7 +1,7 @@
 """The FBF snapshot format, version 1 (``FBF1``): a filter's parts to bytes and back, checked.
 
 Little-endian: a 104-byte header; the start time and the load of each generation (2 x filters
-doubles); the m words, of the width the filter count picks (``cluster.fbf.layout``).
+doubles); the m words, of the width the filter count picks (``cluster.core.fbf.layout``).
 
 The header holds the filter's own fields (magic, m, k, filters, period, next refresh, window)
 and its policy's state, a ``PolicyState`` placed here without being read: its first five fields,
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cluster.fbf.layout import MAX_FILTERS, dtype_for
-from cluster.fbf.policy import PolicyState
+from cluster.core.fbf.layout import MAX_FILTERS, dtype_for
+from cluster.core.fbf.policy import PolicyState
 
 MAGIC = b"FBF1"
 HEADER = struct.Struct("<4sQIIddd" "IdQQd" "Q" "dd")
