@@ -114,8 +114,8 @@ def bench_dedup(sizes: list[int], seconds: float) -> dict[str, dict[int, float]]
 
 
 def bench_unpublished(sizes: list[int], seconds: float) -> dict[str, dict[int, float]]:
-    from cluster.core.config import from_mapping
-    from cluster.roles.state import NodeState
+    from cluster.config import from_mapping
+    from cluster.state import NodeState
 
     state = NodeState(from_mapping({"node_id": "n1", "listen": "127.0.0.1:1",
                                     "peers": "n1=127.0.0.1:1", "data_dir": "/nonexistent"}))

@@ -19,7 +19,9 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
-from cluster.core.errors import (
+from cluster.admission import expired, stale_after_ms
+from cluster.auth import PeerAuth
+from cluster.errors import (
     BadRequest,
     BodyTooLarge,
     ClusterError,
@@ -29,13 +31,10 @@ from cluster.core.errors import (
     Unauthorized,
     Unavailable,
 )
-from cluster.core.metrics import render
 from cluster.listener import Listener
+from cluster.metrics import render
+from cluster.node import Node, Op
 from cluster.openapi import spec
-from cluster.roles.admission import expired, stale_after_ms
-from cluster.roles.member import Node, Op
-from cluster.transport.auth import PeerAuth
-from cluster.transport.wire import Status
 from cluster.validate import (
     CheckedOp,
     check_batch,
@@ -45,6 +44,7 @@ from cluster.validate import (
     decode_body,
     is_msgpack,
 )
+from cluster.wire import Status
 
 log = logging.getLogger("cluster.http")
 NODE_KEY: web.AppKey[Node] = web.AppKey("node", Node)

@@ -1,14 +1,14 @@
 """The node's one listening port: tell peers from HTTP clients, and keep hostile clients in check.
 
 ``PortMux`` reads a connection's first bytes: ``wire.MAGIC`` makes it a peer connection
-(``cluster.transport.peer``, authenticated by ``cluster.transport.auth``), anything else an HTTP
-one. Either kind is counted against its client address (``max_connections_per_client``: the next
-one is closed, an HTTP one after a 429). An HTTP connection is watched by ``HttpGuard``: once a
-request's first byte has arrived, its headers must be complete within ``header_timeout``
-(slowloris), else 408 and close; a peer connection's HELLO must check out within the same time.
-The body's own deadline and the idle keep-alive timeout are enforced in ``cluster.http_api`` and
-by aiohttp. With ``tls_cert``/``tls_key`` the whole port speaks TLS and the sniffing happens on
-the decrypted bytes, so clients and peers share one encrypted port.
+(``cluster.peer``, authenticated by ``cluster.auth``), anything else an HTTP one. Either kind is
+counted against its client address (``max_connections_per_client``: the next one is closed,
+an HTTP one after a 429). An HTTP connection is watched by ``HttpGuard``: once a request's first
+byte has arrived, its headers must be complete within ``header_timeout`` (slowloris), else 408
+and close; a peer connection's HELLO must check out within the same time. The body's own
+deadline and the idle keep-alive timeout are enforced in ``cluster.http_api`` and by aiohttp.
+With ``tls_cert``/``tls_key`` the whole port speaks TLS and the sniffing happens on the
+decrypted bytes, so clients and peers share one encrypted port.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ import ssl
 from collections import Counter
 from collections.abc import Callable
 
-from cluster.core.config import NodeConfig
-from cluster.core.errors import ClusterError, ConfigError, RequestTimeout, TooManyConnections
-from cluster.core.metrics import Refusals
-from cluster.transport.auth import PeerAuth
-from cluster.transport.peer import Handler, PeerProtocol
-from cluster.transport.wire import MAGIC
+from cluster.auth import PeerAuth
+from cluster.config import NodeConfig
+from cluster.errors import ClusterError, ConfigError, RequestTimeout, TooManyConnections
+from cluster.metrics import Refusals
+from cluster.peer import Handler, PeerProtocol
+from cluster.wire import MAGIC
 
 log = logging.getLogger("cluster.listener")
 

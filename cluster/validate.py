@@ -23,7 +23,7 @@ from typing import Any
 
 import msgpack
 
-from cluster.core.errors import BadRequest
+from cluster.errors import BadRequest
 from idc_contract import CONSISTENCIES, INT64_MAX, INT64_MIN, NAME_RE
 
 __all__ = ["CONSISTENCIES", "INT64_MAX", "INT64_MIN", "NAME_RE", "CheckedOp", "check_batch",

@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -54,11 +54,36 @@ SECRETS_DIR = "/run/secrets"  # where compose mounts a service's secrets
 CLUSTER_SECRET = f"{SECRETS_DIR}/cluster_secret"
 
 
-def load(path: Path = COMPOSE) -> dict[str, Any]:
+VARIABLE = re.compile(r"\$(?:\$|\{(\w+)(?::-([^}]*))?\})")
+
+
+def interpolate(value: Any, env: dict[str, str]) -> Any:
+    """Compose's variable substitution: ``${VAR}``, ``${VAR:-default}`` (default when unset or
+    empty) and ``$$`` (a literal ``$``), in every string of the file."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        got = env.get(m.group(1), "")
+        if got == "" and m.group(2) is None:
+            raise ValueError(f"${{{m.group(1)}}} has no default and is not set")
+        return got or (m.group(2) or "")
+
+    return VARIABLE.sub(sub, value)
+
+
+def load(path: Path = COMPOSE, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The file as compose sees it, with ``env`` (default: none set) substituted."""
     with open(path) as f:
         data = yaml.safe_load(f)
     assert isinstance(data, dict)
-    return data
+    return cast(dict[str, Any], interpolate(data, env or {}))
 
 
 def argv_of(svc: dict[str, Any]) -> list[str]:
@@ -325,7 +350,7 @@ def test_compose_cluster_shape() -> None:
         assert data in mounts(svc), f"{name}: --data-dir {data} is not on a volume"
         data_volumes.add(mounts(svc)[data])
         assert svc["restart"] in {"always", "unless-stopped"}, name
-        assert "/v1/health" in healthcheck_code(svc)[2]
+        assert "/v1/ready" in healthcheck_code(svc)[2], "healthy = settled and serving"
     assert len(data_volumes) == len(nodes), "a volume of its own for each node"
     upstreams = {}
     for name, argv in proxies_of(compose).items():
@@ -344,6 +369,48 @@ def test_compose_cluster_shape() -> None:
     assert sorted(flag(argv, "--nodes").split(",")) == sorted(upstreams.values())
     assert flag(argv, "--out") in mounts(chaos)
     assert set(chaos["depends_on"]) == set(proxies_of(compose))
+
+
+def test_image_is_built_once_and_shared() -> None:
+    """One service builds the image; every service runs that same image (compose would build
+    it once per service that has `build:`)."""
+    services = load()["services"]
+    builders = [n for n, svc in services.items() if "build" in svc]
+    assert len(builders) == 1, f"one service builds the image, not {builders}"
+    image = services[builders[0]]["image"]
+    assert {svc.get("image") for svc in services.values()} == {image}
+
+
+def test_host_ports_are_variables_clear_of_cluster_up() -> None:
+    """Every published host port is a ${IDC_..._PORT:-N} variable whose default is clear of
+    `python -m cluster up`'s ports (7101 onwards), and setting the variable moves it."""
+    raw = yaml.safe_load(COMPOSE.read_text())
+    defaults = load()["services"]
+    names: list[str] = []
+    for name, svc in raw["services"].items():
+        for spec in svc.get("ports", []):
+            m = re.fullmatch(r"127\.0\.0\.1:\$\{(IDC_\w+_PORT):-(\d+)\}:(\d+)", spec)
+            assert m, f"{name}: {spec} is not 127.0.0.1:${{IDC_..._PORT:-N}}:PORT"
+            assert not 7101 <= int(m.group(2)) < 7101 + 100, f"{name}: {spec} clashes with " \
+                "`python -m cluster up`"
+            names.append(m.group(1))
+    assert len(names) == len(set(names)) == 15, names
+    moved = load(env={"IDC_N3_PORT": "27003"})["services"]
+    assert moved["n3"]["ports"] == ["127.0.0.1:27003:7101"] != defaults["n3"]["ports"]
+
+
+def test_chaos_run_arguments_keep_the_fixed_flags() -> None:
+    """`docker-compose run --rm chaos ARGS` replaces `command`: the flags every run needs are in
+    the entrypoint, so ARGS cannot drop them."""
+    chaos = load()["services"]["chaos"]
+    entry = chaos["entrypoint"]
+    for fixed in ("--nodes", "--out", "--no-progress"):
+        assert fixed in entry, f"{fixed} must be in the entrypoint"
+        assert fixed not in chaos.get("command", []), f"{fixed} would be lost with run ARGS"
+    from client.chaos.cli import build_parser
+
+    args = build_parser().parse_args([*entry[3:], "--duration", "5"])  # run ARGS appended
+    assert args.no_progress and args.duration == 5 and args.nodes.count("http://") == 5
 
 
 def test_every_node_authenticates_peers_with_the_cluster_secret() -> None:
@@ -407,7 +474,16 @@ def test_dockerfile_builds_from_what_the_context_has() -> None:
     if 'readme = "README.md"' in pyproject:
         assert "README.md" in sources, "setuptools reads the readme when building"
     users = re.findall(r"(?m)^USER\s+(\S+)", text)
-    assert users and users[-1] not in {"root", "0"}, "runs as a non-root user"
+    assert users and users[-1].split(":")[0] not in {"root", "0"}, "runs as a non-root user"
+    # builds offline and with the classic builder: no frontend image, no BuildKit-only syntax
+    assert not re.search(r"(?mi)^#\s*syntax\s*=", text), "a syntax line makes BuildKit pull"
+    code = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("#"))
+    assert "--mount" not in code and "<<" not in code, "BuildKit-only RUN options / heredocs"
+    assert re.search(r"(?m)^COPY --from=build ", code), "the runtime stage copies the build's"
+    # uid and gid pinned to 10001 (compose/README.md and the k8s securityContext rely on it)
+    assert re.search(r"groupadd\b.*--gid 10001", text), "the group's gid is pinned"
+    assert re.search(r"useradd\b.*--uid 10001.*--gid 10001", text), "the user's uid and gid"
+    assert users[-1] == "10001:10001", "numeric, so Kubernetes can check runAsNonRoot"
 
 
 def _compose_cli() -> list[str] | None:

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cluster.core.hashing import hash_pair
 from cluster.dedup import (
     DEDUP_NAMES,
     CountingBloomDedup,
@@ -23,6 +22,7 @@ from cluster.dedup import (
 )
 from cluster.dedup._base import poisson_sf
 from cluster.dedup.flower import flower_shape
+from cluster.hashing import hash_pair
 
 WINDOW = 1.0
 RATE = 1000.0

@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 import cluster.wal as wal
-from cluster.core.errors import BadRequest
+from cluster.errors import BadRequest
 from cluster.validate import check_batch, check_op, decode_body
 from cluster.wal import DurableLog, LogCorruptError, LogError, LogRecord
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cluster.core.errors import BadRequest
+from cluster.errors import BadRequest
 from cluster.validate import check_batch, check_name, check_op
 
 names = st.sampled_from(["t", "k1", "user:42", "a.b-c_d", "", "bad name", "é", "x" * 129])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from cluster.core.bloom import BloomFilter
+from cluster.bloom import BloomFilter
 from cluster.dedup._base import OneByOne, bloom_shape, check_version, design_items, frame
 
 

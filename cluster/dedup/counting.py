@@ -23,8 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from cluster.core.bloom import bloom_fpp
-from cluster.core.hashing import hash_pair, positions
+from cluster.bloom import bloom_fpp
 from cluster.dedup._base import (
     Clock,
     OneByOne,
@@ -34,6 +33,7 @@ from cluster.dedup._base import (
     frame,
     next_prime,
 )
+from cluster.hashing import hash_pair, positions
 
 _SATURATED = 15
 _COMPACT_AFTER = 4096

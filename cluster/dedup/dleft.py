@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 
-from cluster.core.hashing import MASK64
+from cluster.hashing import MASK64
 
 _GOLDEN = 0x9E3779B97F4A7C15
 MASK32 = 0xFFFFFFFF

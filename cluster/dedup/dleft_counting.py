@@ -32,10 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from cluster.core.hashing import SEED, _murmur
 from cluster.dedup._base import Clock, OneByOne, check_version, design_items, frame
 from cluster.dedup.counting import _from_le, _le
 from cluster.dedup.dleft import DTYPES, DLeftHash, buckets_for, cell_bits_for
+from cluster.hashing import SEED, _murmur
 
 COUNTER_BITS = 4
 FULL = (1 << COUNTER_BITS) - 1

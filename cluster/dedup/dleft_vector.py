@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cluster.core.hashing import hash_pairs_np
+from cluster.hashing import hash_pairs_np
 
 if TYPE_CHECKING:
     from cluster.dedup.dleft_window import DLeftWindowFilter

@@ -39,9 +39,9 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from cluster.core.hashing import SEED, _murmur
 from cluster.dedup._base import Clock, check_version, design_items, frame
 from cluster.dedup.dleft import DTYPES, MASK32, DLeftHash, buckets_for, cell_bits_for
+from cluster.hashing import SEED, _murmur
 
 _SWEEP_CHUNKS = 4  # S: each bucket swept every 4 epochs; expired-but-unswept cells stay few
 _MAX_TAG_BITS = 8

@@ -14,8 +14,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from cluster.core.fbf import ForgetfulBloomFilter
 from cluster.dedup._base import Clock, check_version, frame
+from cluster.fbf import ForgetfulBloomFilter
 
 
 class FBFDedup:

@@ -27,8 +27,8 @@ from typing import Any
 import mmh3
 import numpy as np
 
-from cluster.core.hashing import hash_pair, positions
 from cluster.dedup._base import OneByOne, check_version, design_items, frame, next_prime
+from cluster.hashing import hash_pair, positions
 
 _FP_SEED = 0xF10E
 _WIDTHS = {8: np.uint8, 16: np.uint16, 32: np.uint32}

@@ -33,7 +33,6 @@ from typing import Any
 
 import numpy as np
 
-from cluster.core.hashing import hash_pair, positions
 from cluster.dedup._base import (
     OneByOne,
     check_version,
@@ -42,6 +41,7 @@ from cluster.dedup._base import (
     next_prime,
     poisson_sf,
 )
+from cluster.hashing import hash_pair, positions
 
 MAX = 255
 
