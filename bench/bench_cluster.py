@@ -31,8 +31,8 @@ from typing import Any
 import msgpack
 
 from bench.httpload import HttpConn
+from cluster.core.ring import Ring
 from cluster.local import LocalCluster
-from cluster.ring import Ring
 
 
 def pct(values: list[float], q: float) -> float:
@@ -206,8 +206,8 @@ from pathlib import Path
 def rss():
     for l in Path('/proc/self/status').read_text().splitlines():
         if l.startswith('VmRSS:'): return int(l.split()[1])
-from cluster.shards import ShardStore
-from cluster.dedup import make_dedup
+from cluster.core.shards import ShardStore
+from cluster.core.dedup import make_dedup
 what, n = sys.argv[1], int(sys.argv[2])
 base = rss()
 if what == 'counters':

@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from cluster.dedup import DLeftCountingDedup
-from cluster.dedup.dleft_window import DLeftWindowFilter
-from cluster.fbf import ForgetfulBloomFilter
+from cluster.core.dedup import DLeftCountingDedup
+from cluster.core.dedup.dleft_window import DLeftWindowFilter
+from cluster.core.fbf import ForgetfulBloomFilter
 
 WINDOW, RATE, FPP = 10.0, 100_000.0, 1e-6
 

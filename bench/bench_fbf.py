@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from cluster.bloom import BloomFilter
-from cluster.fbf import ForgetfulBloomFilter
+from cluster.core.bloom import BloomFilter
+from cluster.core.fbf import ForgetfulBloomFilter
 
 
 def _best(fn: Callable[[], object], repeat: int) -> float:

@@ -36,7 +36,7 @@ from typing import Any
 import msgpack
 
 import cluster.wal as wal
-from cluster.dedup import make_dedup
+from cluster.core.dedup import make_dedup
 from cluster.wal import DurableLog, LogRecord, make_record
 
 _ids = itertools.count()
@@ -114,8 +114,8 @@ def bench_dedup(sizes: list[int], seconds: float) -> dict[str, dict[int, float]]
 
 
 def bench_unpublished(sizes: list[int], seconds: float) -> dict[str, dict[int, float]]:
-    from cluster.config import from_mapping
-    from cluster.state import NodeState
+    from cluster.core.config import from_mapping
+    from cluster.roles.state import NodeState
 
     state = NodeState(from_mapping({"node_id": "n1", "listen": "127.0.0.1:1",
                                     "peers": "n1=127.0.0.1:1", "data_dir": "/nonexistent"}))

@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cluster.auth import PeerAuth
-from cluster.wire import FrameDecoder, Kind, encode_frame
+from cluster.transport.auth import PeerAuth
+from cluster.transport.wire import FrameDecoder, Kind, encode_frame
 
 
 def _items(n: int) -> list[list[Any]]:

@@ -10,8 +10,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from cluster.config import NodeConfig, from_mapping, load_file
-from cluster.errors import ConfigError
+from cluster.core.config import NodeConfig, from_mapping, load_file
+from cluster.core.errors import ConfigError
 
 # CLI flag -> (config field, type, help); every field is also accepted in --config FILE
 _FLAGS: dict[str, tuple[str, type, str]] = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from cluster.fbf import ForgetfulBloomFilter
+from cluster.core.fbf import ForgetfulBloomFilter
 
 
 class _Clock:

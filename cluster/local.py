@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cluster.auth import write_secret
+from cluster.transport.auth import write_secret
 
 
 def _die_with_parent() -> None:

@@ -14,15 +14,15 @@ from typing import Any, TextIO
 
 from aiohttp import web
 
-from cluster.antientropy import antientropy_loop
-from cluster.config import NodeConfig
-from cluster.errors import ClusterError, ConfigError
-from cluster.failure import heartbeat_loop
-from cluster.http_api import Edge, http_protocol, load_tokens, make_app
-from cluster.listener import Listener, server_ssl
-from cluster.node import Node
-from cluster.peer import close_all
-from cluster.settle import settle_loop
+from cluster.core.config import NodeConfig
+from cluster.core.errors import ClusterError, ConfigError
+from cluster.edge.http_api import Edge, http_protocol, load_tokens, make_app
+from cluster.edge.listener import Listener, server_ssl
+from cluster.roles.antientropy import antientropy_loop
+from cluster.roles.failure import heartbeat_loop
+from cluster.roles.member import Node
+from cluster.roles.settle import settle_loop
+from cluster.transport.peer import close_all
 
 log = logging.getLogger("cluster.server")
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from cluster_util import Client, running_cluster, wait_until
 
+from cluster.core.ring import Ring
 from cluster.local import LocalCluster
-from cluster.ring import Ring
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cluster.dedup import (
+from cluster.core.dedup import (
     DEDUP_NAMES,
     CountingBloomDedup,
     Dedup,
@@ -20,9 +20,9 @@ from cluster.dedup import (
     load_dedup,
     make_dedup,
 )
-from cluster.dedup._base import poisson_sf
-from cluster.dedup.flower import flower_shape
-from cluster.hashing import hash_pair
+from cluster.core.dedup._base import poisson_sf
+from cluster.core.dedup.flower import flower_shape
+from cluster.core.hashing import hash_pair
 
 WINDOW = 1.0
 RATE = 1000.0

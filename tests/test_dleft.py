@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cluster.dedup import DLeftCountingDedup, load_dedup, make_dedup
-from cluster.dedup.dleft import DLeftHash
-from cluster.dedup.dleft_counting import FULL
-from cluster.dedup.dleft_window import DLeftWindowFilter, window_shape
-from cluster.hashing import SEED, _murmur
+from cluster.core.dedup import DLeftCountingDedup, load_dedup, make_dedup
+from cluster.core.dedup.dleft import DLeftHash
+from cluster.core.dedup.dleft_counting import FULL
+from cluster.core.dedup.dleft_window import DLeftWindowFilter, window_shape
+from cluster.core.hashing import SEED, _murmur
 
 
 class FakeClock:

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 from cluster_util import Client
 
-from cluster import checks
-from cluster.config import NodeConfig, from_mapping
+from cluster.core.config import NodeConfig, from_mapping
+from cluster.core.ring import Ring
 from cluster.local import free_ports
-from cluster.ring import Ring
+from cluster.roles import checks
 from cluster.server import NodeServer
-from cluster.wire import Kind, Status
+from cluster.transport.wire import Kind, Status
 
 pytestmark = pytest.mark.timeout(60)
 

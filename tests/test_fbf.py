@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cluster.bloom import BloomFilter
-from cluster.fbf import MAX_FILTERS, ForgetfulBloomFilter
-from cluster.fbf_model import fbf_fpp, projected_fpp
+from cluster.core.bloom import BloomFilter
+from cluster.core.fbf import MAX_FILTERS, ForgetfulBloomFilter
+from cluster.core.fbf_model import fbf_fpp, projected_fpp
 
 
 class FakeClock:
@@ -349,7 +349,7 @@ def test_for_window_meets_fpp_at_design_rate() -> None:
     m=st.integers(1, 2**40),
 )
 def test_scalar_and_numpy_positions_agree(h1: int, h2: int, k: int, m: int) -> None:
-    from cluster.hashing import positions, positions_np
+    from cluster.core.hashing import positions, positions_np
 
     arr = positions_np(np.array([h1], dtype=np.uint64), np.array([h2], dtype=np.uint64), k, m)
     assert arr[:, 0].tolist() == positions(h1, h2, k, m)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.dedup import load_dedup, make_dedup
-from cluster.fbf import ForgetfulBloomFilter
+from cluster.core.dedup import load_dedup, make_dedup
+from cluster.core.fbf import ForgetfulBloomFilter
 
 DATA = Path(__file__).parent / "data" / "fbf_v1"
 

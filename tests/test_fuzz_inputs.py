@@ -1,4 +1,4 @@
-"""Hostile input, bounded fuzzing: request bodies through ``cluster.validate`` and damaged log
+"""Hostile input, bounded fuzzing: request bodies through ``cluster.edge.validate`` and damaged log
 directories through ``cluster.wal`` recovery.
 
 Validation: whatever the bytes, JSON or msgpack values, nesting or integer sizes, decoding and
@@ -32,8 +32,8 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 import cluster.wal as wal
-from cluster.errors import BadRequest
-from cluster.validate import check_batch, check_op, decode_body
+from cluster.core.errors import BadRequest
+from cluster.edge.validate import check_batch, check_op, decode_body
 from cluster.wal import DurableLog, LogCorruptError, LogError, LogRecord
 
 pytestmark = pytest.mark.timeout(120)

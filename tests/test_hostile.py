@@ -43,8 +43,8 @@ from client.hostile import (
     parse_response,
     run_hostile,
 )
-from cluster.auth import REASONS, load_secret
 from cluster.local import LocalCluster
+from cluster.transport.auth import REASONS, load_secret
 
 LIMITS = Limits(max_body_bytes=65536, max_batch_ops=100, header_timeout=1.0, body_timeout=1.0,
                 max_connections_per_client=16)

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from cluster.batching import TickBatcher
+from cluster.roles.batching import TickBatcher
 
 
 async def test_one_turn_one_batch_sliced_results() -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from cluster.cli import config_from_args
-from cluster.config import NodeConfig, from_mapping, parse_dedup, parse_peers
-from cluster.errors import ConfigError
+from cluster.core.config import NodeConfig, from_mapping, parse_dedup, parse_peers
+from cluster.core.errors import ConfigError
 
 PEERS = "n1=127.0.0.1:7101,n2=127.0.0.1:7102,n3=127.0.0.1:7103"
 BASE = ["--id", "n1", "--listen", "127.0.0.1:7101", "--peers", PEERS, "--data-dir", "/tmp/x"]

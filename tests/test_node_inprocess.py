@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from cluster_util import Client
 
-from cluster.config import NodeConfig, from_mapping
+from cluster.core.config import NodeConfig, from_mapping
+from cluster.core.ring import Ring
 from cluster.local import free_ports
-from cluster.ring import Ring
 from cluster.server import NodeServer
 
 pytestmark = pytest.mark.timeout(60)

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cluster.errors import PeerError
-from cluster.listener import Listener
-from cluster.node import quorum_future
-from cluster.peer import PeerLink, PeerProtocol
-from cluster.wire import HEADER, FrameDecoder, Kind, encode_frame
+from cluster.core.errors import PeerError
+from cluster.edge.listener import Listener
+from cluster.roles.member import quorum_future
+from cluster.transport.peer import PeerLink, PeerProtocol
+from cluster.transport.wire import HEADER, FrameDecoder, Kind, encode_frame
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cluster.errors import BadRequest
-from cluster.validate import check_batch, check_name, check_op
+from cluster.core.errors import BadRequest
+from cluster.edge.validate import check_batch, check_name, check_op
 
 names = st.sampled_from(["t", "k1", "user:42", "a.b-c_d", "", "bad name", "é", "x" * 129])
 values = st.one_of(st.integers(-(2**64), 2**64), st.booleans(), st.floats(), st.text(max_size=3),

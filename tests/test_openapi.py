@@ -22,16 +22,16 @@ from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi import checks as oa_checks
 
-from cluster import http_api
-from cluster.config import NodeConfig
-from cluster.local import LocalCluster
-from cluster.node import Node
-from cluster.openapi import (
+from cluster.core.config import NodeConfig
+from cluster.edge import http_api
+from cluster.edge.openapi import (
     DEFAULT_MAX_BATCH_OPS,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_OP_ID_BYTES,
     spec,
 )
+from cluster.local import LocalCluster
+from cluster.roles.member import Node
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,4 +1,5 @@
-"""Peer authentication (cluster.auth): signed frames, HELLO checks, replays, the real cluster."""
+"""Peer authentication (cluster.transport.auth): signed frames, HELLO checks, replays, the real
+cluster."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cluster.auth import AuthError, PeerAuth, load_secret, write_secret
-from cluster.errors import ConfigError, PeerError
+from cluster.core.errors import ConfigError, PeerError
 from cluster.local import LocalCluster
-from cluster.wire import HEADER, MAGIC, MAX_HELLO_BYTES, FrameDecoder, Kind, encode_frame
+from cluster.transport.auth import AuthError, PeerAuth, load_secret, write_secret
+from cluster.transport.wire import HEADER, MAGIC, MAX_HELLO_BYTES, FrameDecoder, Kind, encode_frame
 from tests.cluster_util import Client, running_cluster, wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -290,7 +291,7 @@ def test_the_frame_mac_is_hmac_sha256(key: bytes, message: bytes) -> None:
     import hashlib
     import hmac
 
-    from cluster.auth import _HmacSha256
+    from cluster.transport.auth import _HmacSha256
 
     assert _HmacSha256(key).mac(message[:7], message[7:]) == hmac.digest(key, message,
                                                                           hashlib.sha256)

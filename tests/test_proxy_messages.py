@@ -14,7 +14,7 @@ import pytest_asyncio
 from aiohttp import web
 
 from client.proxy import Proxy
-from cluster.wire import MAGIC, FrameDecoder, Kind, encode_frame
+from cluster.transport.wire import MAGIC, FrameDecoder, Kind, encode_frame
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -6,7 +6,7 @@ import collections
 
 import pytest
 
-from cluster.ring import Ring
+from cluster.core.ring import Ring
 
 KEYS = [("t", f"key-{i}") for i in range(20_000)]
 

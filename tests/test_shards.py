@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cluster.shards import CounterEntry, ShardStore
+from cluster.core.shards import CounterEntry, ShardStore
 
 origins = st.sampled_from(["n1", "n2", "n3", "n4"])
 counts = st.integers(min_value=0, max_value=(1 << 64) - 1)

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 import cluster.wal as wal
 import cluster.wal.writer as wal_writer
-from cluster.errors import ClusterError, ConfigError
+from cluster.core.errors import ClusterError, ConfigError
 from cluster.wal import (
     DurableLog,
     LogClosedError,

@@ -31,7 +31,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend is chosen first)
 import numpy as np  # noqa: E402
 
-from cluster.fbf import ForgetfulBloomFilter  # noqa: E402
+from cluster.core.fbf import ForgetfulBloomFilter  # noqa: E402
 
 M = 6250
 K = 5

@@ -12,7 +12,7 @@ import numpy as np
 
 from bench.figures import FakeClock, K, M, Result, Settings, measured_fpp, nan_zero, op_ids, save
 from bench.figures import write_csv as _write_csv
-from cluster.fbf import ForgetfulBloomFilter
+from cluster.core.fbf import ForgetfulBloomFilter
 
 START_PERIOD = 11.0  # the paper's Fig. 13 starts from 3 filters refreshed every 11 s
 STEPS_PER_S = 10

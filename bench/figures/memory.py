@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from bench.figures import FakeClock, Result, Settings, save, write_csv
-from cluster.dedup import DEDUP_NAMES, make_dedup
+from cluster.core.dedup import DEDUP_NAMES, make_dedup
 
 WINDOW = 10.0
 RATE = 1000.0

@@ -26,7 +26,7 @@ from bench.figures import (
     simple_check_fpp,
     write_csv,
 )
-from cluster.fbf import ForgetfulBloomFilter
+from cluster.core.fbf import ForgetfulBloomFilter
 
 BASIC = f"basic FBF, m = {M}, k = {K}, t = {PERIOD:g} s"
 

@@ -1,5 +1,5 @@
 """``python -m client.chaos --dedup``: the paper's Fig. 14 and Fig. 15 on a real local cluster,
-and every dedup strategy of ``cluster.dedup`` on the same workload, in one table.
+and every dedup strategy of ``cluster.core.dedup`` on the same workload, in one table.
 
 One cluster serves one table per strategy (``--dedup fbf,d_none=none,d_exact=exact,...``).
 
@@ -32,7 +32,7 @@ from client.checker import check
 from client.errors import ClientError
 from client.sdk import CounterClient
 from client.transport import HttpTransport
-from cluster.dedup import DEDUP_NAMES
+from cluster.core.dedup import DEDUP_NAMES
 
 KEY = "c"
 

@@ -17,7 +17,7 @@ from client.hostile.http_client import (
 )
 from client.hostile.outcome import Outcome, expect_reject
 from client.hostile.registry import junk
-from cluster.wire import MAGIC
+from cluster.transport.wire import MAGIC
 
 
 @junk("headers_too_long", "conn")

@@ -23,7 +23,7 @@ from client.hostile.peer_client import (
     unsigned_frame,
 )
 from client.hostile.registry import junk
-from cluster.wire import HEADER, MAGIC, MAX_HELLO_BYTES, PROTOCOL_VERSION, Kind
+from cluster.transport.wire import HEADER, MAGIC, MAX_HELLO_BYTES, PROTOCOL_VERSION, Kind
 
 
 @junk("peer_unsigned_frames", "peer", reasons=("unsigned",))

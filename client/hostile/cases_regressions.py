@@ -16,7 +16,7 @@ from client.hostile.http_client import counter_path, exchange, http_request, jdu
 from client.hostile.outcome import Outcome, expect_reject
 from client.hostile.peer_client import expect_closed, peer_exchange
 from client.hostile.registry import junk
-from cluster.wire import HEADER, MAGIC
+from cluster.transport.wire import HEADER, MAGIC
 
 
 @junk("op_id_lone_surrogate", "http")

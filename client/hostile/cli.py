@@ -124,7 +124,7 @@ def _split(value: str | None) -> list[str]:
 
 
 def config_from_args(args: argparse.Namespace) -> HostileConfig:
-    from cluster.auth import load_secret
+    from cluster.transport.auth import load_secret
 
     token = args.token
     if args.token_file:

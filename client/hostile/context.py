@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cluster.ring import Ring
+from cluster.core.ring import Ring
 from idc_contract import INT64_MAX as INT64_MAX  # the cases import the ranges from here
 from idc_contract import INT64_MIN as INT64_MIN
 

@@ -12,9 +12,9 @@ from typing import Any
 
 from client.hostile.context import Ctx, Part, Target, open_stream
 from client.hostile.outcome import Outcome
-from cluster.auth import PeerAuth, Signer, Verifier
-from cluster.wire import PROTOCOL_VERSION, FrameDecoder, Kind
-from cluster.wire import encode_frame as _encode_frame
+from cluster.transport.auth import PeerAuth, Signer, Verifier
+from cluster.transport.wire import PROTOCOL_VERSION, FrameDecoder, Kind
+from cluster.transport.wire import encode_frame as _encode_frame
 
 
 @dataclass

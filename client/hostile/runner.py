@@ -27,7 +27,7 @@ from client.hostile.cases import REGISTRY, JunkClass
 from client.hostile.context import BudgetExhausted, Ctx, Limits, Target
 from client.hostile.good_client import GoodStats, good_client
 from client.hostile.outcome import Outcome
-from cluster.ring import Ring
+from cluster.core.ring import Ring
 
 
 @dataclass

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from client.proxy.errors import ProxyError
 from client.proxy.toxics import ToxicError
-from cluster.config import parse_hostport
+from cluster.core.config import parse_hostport
 
 
 class ProxyServer(Protocol):

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from client.proxy.toxics import Toxic
-from cluster.auth import FLAG_SIGNED, TRAILER_BYTES
-from cluster.wire import HEADER, MAGIC
+from cluster.transport.auth import FLAG_SIGNED, TRAILER_BYTES
+from cluster.transport.wire import HEADER, MAGIC
 
 if TYPE_CHECKING:
     from client.proxy.link import Connection, Pipe
@@ -213,7 +213,8 @@ async def run_peer(conn: Connection) -> None:
 
 async def _frames(conn: Connection, reader: asyncio.StreamReader, pipe: Pipe,
                   direction: str) -> None:
-    """Split a peer stream into ``cluster.wire`` frames; anything else passes through raw."""
+    """Split a peer stream into ``cluster.transport.wire`` frames; anything else passes through
+    raw."""
     if direction == "upstream":
         magic = await reader.readexactly(len(MAGIC))
         await pipe.send(magic)
@@ -232,8 +233,8 @@ async def _frames(conn: Connection, reader: asyncio.StreamReader, pipe: Pipe,
         if flags not in (0, FLAG_SIGNED):  # a trailer format this proxy does not know
             await pipe.send(header)
             return await _pump(reader, pipe)
-        # A signed frame carries seq and MAC after its payload (cluster.auth): the proxy cannot
-        # forge one, but it can drop, delay, reorder or repeat it like any network can.
+        # A signed frame carries seq and MAC after its payload (cluster.transport.auth): the proxy
+        # cannot forge one, but it can drop, delay, reorder or repeat it like any network can.
         frame = header + await reader.readexactly(
             length + (TRAILER_BYTES if flags == FLAG_SIGNED else 0))
         counters[f"messages_{direction}"] += 1

@@ -16,7 +16,7 @@ from client.proxy.errors import ProxyError as ProxyError
 from client.proxy.link import Connection
 from client.proxy.protocols import HANDLERS, ReorderGate, read_http
 from client.proxy.toxics import PROTOCOLS, Toxic, ToxicError
-from cluster.config import parse_hostport
+from cluster.core.config import parse_hostport
 
 
 class Proxy:

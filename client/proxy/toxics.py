@@ -15,8 +15,8 @@ Stream toxics act on bytes, in any protocol; their ``toxicity`` is drawn once pe
     limit_data  bytes                         close once this many bytes went through
 
 Message toxics act on whole messages: HTTP requests/responses for ``protocol="http"``,
-length-prefixed peer frames (``cluster.wire``) for ``protocol="peer"``. Their ``toxicity`` is
-drawn per message (so a retry on the same connection gets a fresh draw):
+length-prefixed peer frames (``cluster.transport.wire``) for ``protocol="peer"``. Their
+``toxicity`` is drawn per message (so a retry on the same connection gets a fresh draw):
 
     drop        mode ("hang"|"close")   upstream: the request never reaches the server;
                                         downstream: the server processed the request and its

@@ -1,6 +1,6 @@
 """The durable log's error tree. No retry of the same call helps with any of them.
 
-    ClusterError (cluster.errors)     retriable?  code              caused by
+    ClusterError (cluster.core.errors)     retriable?  code              caused by
     +-- LogError                      no          log_error         the disk (a snapshot write
         |                                                           failed; appends go on)
         +-- LogCorruptError           no          log_corrupt       the files: damage a crash
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cluster.errors import ClusterError
+from cluster.core.errors import ClusterError
 
 __all__ = ["LogClosedError", "LogCorruptError", "LogError", "LogWriteError"]
 

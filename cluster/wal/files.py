@@ -177,7 +177,7 @@ def _find_record(buf: bytes, start: int) -> int | None:
     with fields of the right types.
 
     A torn record's bytes hold client data, but an op id cannot hide a frame in them: a frame
-    header holds a NUL byte (its length's high byte), and ``cluster.validate`` refuses control
+    header holds a NUL byte (its length's high byte), and ``cluster.edge.validate`` refuses control
     characters in op ids; a frame from a foreign source must also decode to well-typed fields.
 
     Only used after a bad frame, to tell a torn tail from corruption. Reading a u32 at every

@@ -23,7 +23,7 @@ from types import TracebackType
 
 import msgpack
 
-from cluster.errors import ConfigError
+from cluster.core.errors import ConfigError
 from cluster.wal.errors import LogClosedError, LogError, LogWriteError
 from cluster.wal.files import (
     _datasync,

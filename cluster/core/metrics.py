@@ -1,0 +1,252 @@
+"""Prometheus text exposition, written by hand: a few counters, gauges and histograms.
+
+Hand-written because the hot path only bumps plain ints and one ``bisect`` per request;
+``prometheus_client`` would add a lock and a label lookup per observation.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Histogram:
+    """Cumulative-bucket histogram with fixed upper bounds (seconds)."""
+
+    __slots__ = ("bounds", "counts", "total", "count")
+
+    def __init__(self, bounds: Sequence[float] = LATENCY_BUCKETS) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+        self.count += 1
+
+    def lines(self, name: str, labels: str = "") -> list[str]:
+        sep = "," if labels else ""
+        out, acc = [], 0
+        for bound, n in zip((*self.bounds, math.inf), self.counts, strict=True):
+            acc += n
+            le = "+Inf" if bound == math.inf else repr(bound)
+            out.append(f'{name}_bucket{{{labels}{sep}le="{le}"}} {acc}')
+        lab = f"{{{labels}}}" if labels else ""
+        out.append(f"{name}_sum{lab} {self.total}")
+        out.append(f"{name}_count{lab} {self.count}")
+        return out
+
+
+class Refusals:
+    """Things refused at the door, counted by reason (each reason one of ``reasons``, the
+    labels always exported) and logged at most once per reason every ``log_every`` seconds:
+    whoever sends junk cannot flood the log."""
+
+    def __init__(self, logger: logging.Logger, what: str, reasons: Sequence[str], *,
+                 source: str, log_every: float = 10.0) -> None:
+        self.counts: Counter[str] = Counter()
+        self.reasons = tuple(reasons)
+        self._log, self._what, self._source, self._every = logger, what, source, log_every
+        self._last_logged: dict[str, float] = {}
+
+    def __call__(self, reason: str, source: str, detail: object = None) -> None:
+        self.counts[reason] += 1
+        now = time.monotonic()
+        if now - self._last_logged.get(reason, -1e9) >= self._every:
+            self._last_logged[reason] = now
+            fields = {"reason": reason, self._source: source}
+            if detail is not None:
+                fields["detail"] = str(detail)
+            self._log.warning(self._what, extra={"fields": {
+                **fields, "refused_so_far": self.counts[reason]}})
+
+
+@dataclass
+class NodeMetrics:
+    applied: int = 0
+    duplicates: int = 0
+    unavailable: int = 0
+    expired: int = 0
+    bad_requests: int = 0
+    forwarded: int = 0
+    replicated_out: int = 0
+    replicated_in: int = 0
+    repairs_out: int = 0
+    repairs_in: int = 0
+    replayed: int = 0
+    snapshots: int = 0
+    published_late: int = 0
+    withdrawn: int = 0
+    fenced: int = 0
+    deferred: int = 0
+    antientropy_keys: int = 0
+    hints_delivered: int = 0
+    retry_checks: int = 0
+    unauthorized: int = 0
+    overflows: int = 0
+    requests: dict[str, Histogram] = field(default_factory=dict)
+
+    def request_histogram(self, route: str) -> Histogram:
+        h = self.requests.get(route)
+        if h is None:
+            h = self.requests[route] = Histogram()
+        return h
+
+
+class Exposition:
+    """Accumulates metric families and renders them in the text format."""
+
+    def __init__(self) -> None:
+        self._lines: list[str] = []
+
+    def family(self, name: str, kind: str, help_text: str) -> None:
+        self._lines.append(f"# HELP {name} {help_text}")
+        self._lines.append(f"# TYPE {name} {kind}")
+
+    def sample(self, name: str, value: float, labels: Mapping[str, str] | None = None) -> None:
+        lab = ""
+        if labels:
+            lab = "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
+        self._lines.append(f"{name}{lab} {_num(value)}")
+
+    def simple(self, name: str, kind: str, help_text: str, value: float) -> None:
+        self.family(name, kind, help_text)
+        self.sample(name, value)
+
+    def histogram(self, name: str, help_text: str,
+                  series: Iterable[tuple[str, Histogram]]) -> None:
+        self.family(name, "histogram", help_text)
+        for labels, h in series:
+            self._lines.extend(h.lines(name, labels))
+
+    def render(self) -> str:
+        return "\n".join(self._lines) + "\n"
+
+
+def _escape(value: str) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _num(value: float) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "+Inf" if value > 0 else "-Inf"
+        if math.isnan(value):
+            return "NaN"
+    return str(value)
+
+
+def wal_histogram(stats: object) -> Histogram:
+    """A ``Histogram`` view of the log's fsync latency (``LogStats``: per-bucket counts)."""
+    bounds = tuple(b for b in getattr(stats, "fsync_buckets", ()) if b != math.inf)
+    h = Histogram(bounds)
+    counts = list(getattr(stats, "fsync_counts", ()))
+    h.counts = (counts + [0] * len(h.counts))[: len(h.counts)]
+    h.total = float(getattr(stats, "fsync_seconds_total", 0.0))
+    h.count = int(getattr(stats, "fsyncs", 0))
+    return h
+
+
+def render(node: Any, auth: Any = None, edge: Any = None) -> str:
+    """The node's /metrics page (``auth``: ``cluster.transport.auth.PeerAuth``, ``edge``:
+    ``cluster.edge.listener.EdgeStats``, for what was refused at the door)."""
+    m, ex = node.metrics, Exposition()
+    for name, help_text in (
+        ("applied", "ops applied by this node as leader"),
+        ("duplicates", "ops answered as duplicates (retries caught, or dedup false positives)"),
+        ("unavailable", "ops or reads answered 503: quorum not met in time"),
+        ("expired", "ops refused as older than the dedup window (410)"),
+        ("bad_requests", "requests refused as malformed (400/413)"),
+        ("forwarded", "ops forwarded by this node to their leader"),
+        ("replicated_out", "op copies sent to replicas"),
+        ("replicated_in", "op copies received from leaders"),
+        ("repairs_out", "read repairs sent"),
+        ("repairs_in", "shard pairs raised by read repairs"),
+        ("snapshots", "snapshots written"),
+        ("published_late", "in-doubt ops published after their first quorum failed"),
+        ("withdrawn", "in-doubt ops withdrawn because another leader applied them"),
+        ("fenced", "op copies refused as a replica: the op was claimed for another leader"),
+        ("deferred", "ops that waited for an unpublished op on the same key"),
+        ("antientropy_keys", "keys exchanged by anti-entropy"),
+        ("hints_delivered", "hinted writes delivered to a replica that came back"),
+        ("retry_checks", "ops checked on the other replicas before being applied"),
+        ("unauthorized", "client requests refused for a missing or wrong bearer token (401)"),
+        ("overflows", "ops refused because they would take an entry past 2^64 - 1 (400)"),
+    ):
+        ex.simple(f"idc_{name}_total", "counter", help_text, getattr(m, name))
+    ex.simple("idc_replayed_records", "gauge", "log records replayed at start", m.replayed)
+    ex.simple("idc_counters", "gauge", "keys held by this node", node.state.shards.keys)
+    _dedup_families(ex, node)
+    ex.family("idc_batches_total", "counter", "merged batches run, by stage")
+    ex.family("idc_batch_items_total", "counter", "ops in those batches, by stage")
+    for stage, batcher in (("lead", node.leader.batcher), ("replica", node.replica.batcher)):
+        ex.sample("idc_batches_total", batcher.batches, {"stage": stage})
+        ex.sample("idc_batch_items_total", batcher.items, {"stage": stage})
+    ex.family("idc_replication_pending", "gauge", "op copies sent and not yet acknowledged")
+    for pid, link in node.links.items():
+        ex.sample("idc_replication_pending", link.inflight, {"peer": pid})
+    ex.family("idc_peer_connected", "gauge", "1 when the outbound peer link is up")
+    for pid, link in node.links.items():
+        ex.sample("idc_peer_connected", int(link.connected), {"peer": pid})
+    _wal_families(ex, node.log.stats())
+    if auth is not None:
+        _refusals(ex, "idc_peer_auth_rejected_total",
+                  "peer frames or connections refused by authentication, by reason",
+                  auth.reject)
+        ex.simple("idc_peer_auth_accepted_total", "counter",
+                  "inbound peer connections whose signed HELLO checked out", auth.accepted)
+        ex.simple("idc_peer_auth_enabled", "gauge", "1 when peer frames are signed",
+                  int(auth.enabled))
+    if edge is not None:
+        _refusals(ex, "idc_http_refused_total", "client connections refused at the door",
+                  edge.refuse)
+        ex.simple("idc_http_connections", "gauge", "client HTTP connections open",
+                  edge.open_connections)
+    ex.histogram("idc_request_seconds", "HTTP request latency by route",
+                 ((f'route="{r}"', h) for r, h in sorted(m.requests.items())))
+    return ex.render()
+
+
+def _refusals(ex: Exposition, name: str, help_text: str, refusals: Refusals) -> None:
+    ex.family(name, "counter", help_text)
+    for reason in sorted(set(refusals.reasons) | set(refusals.counts)):
+        ex.sample(name, refusals.counts.get(reason, 0), {"reason": reason})
+
+
+def _dedup_families(ex: Exposition, node: Any) -> None:
+    stats = {t: d.stats() for t, d in sorted(node.state.dedups.items())}
+    names = {t: d.name for t, d in node.state.dedups.items()}
+    ex.family("idc_dedup_bytes", "gauge", "memory of the table's dedup state")
+    for t, d in sorted(node.state.dedups.items()):
+        ex.sample("idc_dedup_bytes", d.nbytes(), {"table": t, "strategy": names[t]})
+    ex.family("idc_dedup_estimated_fpp", "gauge", "dedup false-positive estimate (eq. 3 for FBF)")
+    for t, d in sorted(node.state.dedups.items()):
+        ex.sample("idc_dedup_estimated_fpp", d.estimated_fpp(), {"table": t})
+    ex.family("idc_dedup_window_seconds", "gauge", "seconds a retry is guaranteed recognised")
+    for t, d in sorted(node.state.dedups.items()):
+        ex.sample("idc_dedup_window_seconds", d.window, {"table": t})
+    for stat, metric in (("fill", "fbf_fill"), ("n_past", "fbf_n_past"),
+                         ("period", "fbf_period_seconds")):
+        ex.family(f"idc_{metric}", "gauge", f"FBF {stat} per table")
+        for t, s in stats.items():
+            if stat in s:
+                ex.sample(f"idc_{metric}", s[stat], {"table": t})
+
+
+def _wal_families(ex: Exposition, stats: Any) -> None:
+    ex.simple("idc_log_records_total", "counter", "records appended", stats.records_appended)
+    ex.simple("idc_log_bytes_total", "counter", "bytes appended", stats.bytes_appended)
+    ex.simple("idc_log_fsyncs_total", "counter", "group-commit fsyncs", stats.fsyncs)
+    ex.histogram("idc_log_fsync_seconds", "fsync latency", [("", wal_histogram(stats))])

@@ -1,0 +1,320 @@
+"""Exactly-once across leaders, part one: retries checked on the replicas, made atomic by claims.
+
+DESIGN.md "The hard cases". A leader that may not be the only one to have seen an op (a retry,
+``attempt`` > 1; a failover leader; any leader within a window after it saw a peer down) asks
+the key's other replicas whether they hold the op id (``HOLDS``) before applying it; a replica
+that does makes the answer "duplicate", and the leader learns the id and the key's entry. Ops
+applied through this check are remembered exactly for the window (``checked``), so a node that
+later finds the same op in doubt can tell "another leader applied it" from "my own replication
+reached you" (``cluster.roles.settle``).
+
+**Claims: two checks of one op never both pass.** Asking and then applying is not atomic: a
+leader that was paused (or cut off) while another replica took over its keys resumes with
+copies of ops that the other replica is checking at that very moment; each answers the other's
+``HOLDS`` "not held" before applying its own copy, both pass, and the op counts twice (what the
+pause nemesis found). So a replica that answers "not held" also *claims* the op for the asker
+(``Claims``): until the asker's application arrives (its REPLICATE) or the window passes, it
+answers any other asker BUSY, and it applies no copy of the op itself. A checker claims the op
+at home first (a HOLDS that finds it checking the same op answers BUSY), needs the claim of a
+majority of the key's replicas counting itself, and applies only within ``lease`` of sending
+its ``HOLDS``: after a pause longer than that its answers are stale and the op answers 503
+(the claims it got outlive its lease, so no other check passed meanwhile). A claim that
+outlives its holder's application (a REPLICATE lost, the holder paused right after applying)
+keeps the others out until the window is over, when any retry of the op is refused as
+expired anyway; and once the application arrived, the claim stays as a *fence* against any
+other leader's copy of the op (``Claims.fence``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from cluster.core.shards import CounterEntry
+from cluster.roles.admission import needs_check
+from cluster.transport.wire import Kind, Status
+
+if TYPE_CHECKING:
+    from cluster.core.config import NodeConfig
+    from cluster.core.metrics import NodeMetrics
+    from cluster.core.ring import Ring
+    from cluster.roles.state import NodeState
+    from cluster.transport.peer import PeerLink
+
+# A client op after validation: (table, key, op_id, delta, attempt)
+Op = tuple[str, str, str, int, int]
+
+
+class Node(Protocol):
+    """What the checks need of their node."""
+
+    id: str
+    config: NodeConfig
+    ring: Ring
+    state: NodeState
+    links: dict[str, PeerLink]
+    metrics: NodeMetrics
+    claims: Claims
+    checked: Checked
+
+    @property
+    def pending(self) -> dict[str, list[Any]]: ...
+
+    @property
+    def inflight(self) -> dict[str, asyncio.Future[bool]]: ...
+
+    @property
+    def leases(self) -> dict[str, float]: ...
+
+    def recently_degraded(self) -> bool: ...
+
+    def lead_plain(self, ops: Sequence[Op]) -> asyncio.Future[list[int]]: ...
+
+    def learn(self, table: str, key: str, op_id: str, entry: CounterEntry) -> None: ...
+
+log = logging.getLogger("cluster.checks")
+
+_APPLIED, _DUPLICATE, _UNAVAILABLE = (int(Status.APPLIED), int(Status.DUPLICATE),
+                                      int(Status.UNAVAILABLE))
+# HOLDS answers: in the dedup; applied there and not yet on a quorum (its quorum failed);
+# applied there and withdrawn; undecided there (claimed by another checker, or its own
+# application still waiting for its quorum): ask again later
+HELD, IN_DOUBT, WITHDRAWN, BUSY = 1, 2, 3, 4
+# HOLDS request modes (the item's fourth field): only ask; ask and claim; release a claim
+QUERY, CLAIM, RELEASE = 0, 1, 2
+MAX_CHECKED = 1_000_000  # exact ids applied through the check, kept for the window
+MAX_CLAIMS = 1_000_000
+
+
+class Checked:
+    """op id -> time, for ops this node applied after a cross-replica check (bounded, timed)."""
+
+    def __init__(self, window: float, clock: Any = time.time) -> None:
+        self.window, self.clock = window, clock
+        self._ids: OrderedDict[str, float] = OrderedDict()
+
+    def add(self, op_id: str) -> None:
+        now = self.clock()
+        self._ids[op_id] = now
+        ids = self._ids
+        while ids and (len(ids) > MAX_CHECKED or next(iter(ids.values())) < now - 2 * self.window):
+            ids.popitem(last=False)
+
+    def __contains__(self, op_id: str) -> bool:
+        return op_id in self._ids
+
+
+class Claims:
+    """op id -> (node, expiry on the monotonic clock, applied): this node promised ``node``
+    that no other check of the op passes here (and that it applies no copy itself) until the
+    promise expires. Once ``node``'s application arrives the dedup answers for the op, and the
+    claim stays only as a *fence*: a copy of the op from any other leader (a REPLICATE that a
+    partition or a pause held back) is refused, so it never becomes visible here next to the
+    application that stands. Bounded: the oldest claims go first."""
+
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self.clock = clock
+        self._c: OrderedDict[str, tuple[str, float, bool]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._c)
+
+    def __bool__(self) -> bool:
+        """Any live claim or fence (expired ones at the front are dropped first: the write
+        path asks this before every batch, and checks claims only when there are some)."""
+        c = self._c
+        if c:
+            now = self.clock()
+            while c and next(iter(c.values()))[1] <= now:
+                c.popitem(last=False)
+        return bool(c)
+
+    def _live(self, op_id: str) -> tuple[str, float, bool] | None:
+        got = self._c.get(op_id)
+        if got is not None and got[1] <= self.clock():
+            del self._c[op_id]
+            return None
+        return got
+
+    def holder(self, op_id: str) -> str | None:
+        """The node holding a live claim on ``op_id`` whose application has not arrived yet."""
+        got = self._live(op_id)
+        return got[0] if got is not None and not got[2] else None
+
+    def fence(self, op_id: str) -> str | None:
+        """The node the op is promised to (claimed, or applied after its claim), or None: a
+        copy of the op applied by any other node must not be merged here."""
+        got = self._live(op_id)
+        return got[0] if got is not None else None
+
+    def take(self, op_id: str, node: str, life: float) -> bool:
+        """Claim ``op_id`` for ``node`` (or renew its claim); False when another node holds it."""
+        got = self._live(op_id)
+        if got is not None and got[0] != node:
+            return False
+        now = self.clock()
+        c = self._c
+        c[op_id] = (node, now + life, got is not None and got[2])
+        c.move_to_end(op_id)
+        while c and (len(c) > MAX_CLAIMS or next(iter(c.values()))[1] <= now):
+            c.popitem(last=False)
+        return True
+
+    def release(self, op_id: str, node: str) -> None:
+        got = self._c.get(op_id)
+        if got is not None and got[0] == node and not got[2]:
+            del self._c[op_id]
+
+    def applied(self, op_id: str) -> None:
+        """The holder's application arrived (or was made here): the dedup answers for the op
+        from now on; the claim stays as a fence until it expires."""
+        got = self._c.get(op_id)
+        if got is not None and not got[2]:
+            self._c[op_id] = (got[0], got[1], True)
+
+    def drop(self, op_id: str) -> None:
+        """Forget the claim (the op is known to be held elsewhere)."""
+        self._c.pop(op_id, None)
+
+
+def claim_life(node: Node, table: str) -> float:
+    """A claim lasts the op's window: after it, any retry of the op is refused as expired."""
+    return max(node.config.window, node.state.window(table))
+
+
+def lease(node: Node, table: str) -> float:
+    """How long after sending its HOLDS a checker may still apply: well inside the claims'
+    life, so an application delayed after it (its frames stuck in a paused process) is still
+    covered by the claims on the other replicas."""
+    return min(2 * node.config.quorum_timeout, claim_life(node, table) / 2)
+
+
+def claims_needed(node: Node) -> int:
+    """Other replicas whose claim a check needs: a majority of the key's replicas with this
+    node (two checks then share a replica, which claims the op for one of them only), and at
+    least RF - W (any W replicas that acked the op intersect them)."""
+    rf = node.ring.rf
+    return max(rf - node.config.quorum, rf // 2)
+
+
+async def ask_holds(node: Node, table: str, key: str, op_id: str, mode: int = CLAIM
+                    ) -> tuple[int, list[tuple[str, int, bool, CounterEntry]]]:
+    """Ask the key's other replicas about ``op_id`` (and claim it there, see ``Claims``):
+    (replicas that answered, their answers as (node, HELD/IN_DOUBT/WITHDRAWN/BUSY/0, applied
+    it after a check, entry of the key)). 0 from a replica asked with CLAIM is its claim."""
+    others = [r for r in node.ring.preference_list(table, key) if r != node.id]
+    futs = {r: node.links[r].call(Kind.HOLDS, [[table, key, op_id, mode]]) for r in others}
+    if futs:  # with rf = 1 there is nobody to ask
+        await asyncio.wait(futs.values(), timeout=node.config.quorum_timeout)
+    out = []
+    for r, fut in futs.items():
+        if not fut.done():
+            fut.cancel()
+        elif fut.exception() is None:
+            held, checked, entry = fut.result()[0]
+            out.append((r, int(held), bool(checked), CounterEntry.from_wire(entry)))
+    return len(out), out
+
+
+def release_claims(node: Node, table: str, key: str, op_id: str) -> None:
+    """A check that will not apply the op gives back the claims it took (best effort: they
+    expire anyway)."""
+    node.claims.release(op_id, node.id)
+    for r in node.ring.preference_list(table, key):
+        if r != node.id:
+            node.links[r].call(Kind.HOLDS, [[table, key, op_id, RELEASE]]).add_done_callback(
+                consume)
+
+
+def on_holds(node: Node, items: list[list[Any]], peer: str = "?") -> list[list[Any]]:
+    """Answer ``HOLDS`` from ``peer``: IN_DOUBT when this node applied the op and its quorum
+    failed (settled later), BUSY when that quorum is still being waited for or another node
+    holds a claim on the op, WITHDRAWN, HELD when the id is in the dedup, else 0 (and, asked
+    with CLAIM, the op is claimed for ``peer``); whether this node applied it after a check;
+    the key's entry (so the asker learns what the op contributed)."""
+    out = []
+    pending, inflight, claims = node.pending, node.inflight, node.claims
+    for item in items:
+        table, key, op_id = item[0], item[1], item[2]
+        mode = item[3] if len(item) > 3 else QUERY
+        if op_id in pending:
+            held = BUSY if op_id in inflight else IN_DOUBT
+        elif op_id in node.state.withdrawn:
+            held = WITHDRAWN
+        elif op_id.encode() in node.state.dedup(table):
+            held = HELD
+        elif mode == CLAIM:
+            held = 0 if claims.take(op_id, peer, claim_life(node, table)) else BUSY
+        else:
+            if mode == RELEASE:
+                claims.release(op_id, peer)
+            held = 0
+        out.append([held, op_id in node.checked, node.state.shards.entry(table, key).to_wire()])
+    return out
+
+
+async def lead_checked(node: Node, ops: list[Op]) -> list[int]:
+    """Lead a batch in which some ops need the cross-replica check (see ``needs_check``)."""
+    statuses = [_UNAVAILABLE] * len(ops)
+    plain: list[int] = []
+    checks = []
+    idx_checked: list[int] = []
+    degraded = node.recently_degraded()
+    for i, op in enumerate(ops):
+        if needs_check(op, degraded) and op[2].encode() not in node.state.dedup(op[0]):
+            idx_checked.append(i)
+            checks.append(_check_one(node, op))
+        else:
+            plain.append(i)
+    results = await asyncio.gather(*checks)
+    to_lead = list(plain)
+    for i, (res, deadline) in zip(idx_checked, results, strict=True):
+        if res is None:
+            to_lead.append(i)
+            node.leases[ops[i][2]] = deadline  # the apply checks it (Node._refused)
+        else:
+            statuses[i] = res
+    if to_lead:
+        led = await node.lead_plain([ops[i] for i in to_lead])
+        for i, s in zip(to_lead, led, strict=True):
+            statuses[i] = s
+            if s == _APPLIED and i in idx_checked:
+                node.checked.add(ops[i][2])
+    return statuses
+
+
+async def _check_one(node: Node, op: Op) -> tuple[int | None, float]:
+    """(DUPLICATE when a replica holds the op (learned here), UNAVAILABLE when another
+    application or check of it is open or too few replicas claimed it, None when the op may be
+    applied; the monotonic time until which it may be)."""
+    table, key, op_id = op[0], op[1], op[2]
+    node.metrics.retry_checks += 1
+    sent = time.monotonic()
+    deadline = sent + lease(node, table)
+    if not node.claims.take(op_id, node.id, claim_life(node, table)):
+        return _UNAVAILABLE, deadline  # another node is checking it: retry decides later
+    answered, answers = await ask_holds(node, table, key, op_id)
+    if any(held in (IN_DOUBT, BUSY) for _, held, _, _ in answers):
+        # another leader's application (or check) is still open: retry decides later
+        release_claims(node, table, key, op_id)
+        return _UNAVAILABLE, deadline
+    for _, held, _, entry in answers:
+        if held:
+            release_claims(node, table, key, op_id)
+            node.learn(table, key, op_id, entry)
+            node.metrics.duplicates += 1
+            return _DUPLICATE, deadline
+    if answered < claims_needed(node):
+        release_claims(node, table, key, op_id)
+        return _UNAVAILABLE, deadline
+    return None, deadline
+
+
+def consume(fut: asyncio.Future[Any]) -> None:
+    """Done callback of a best-effort call: its failure is expected, not an error to log."""
+    if not fut.cancelled():
+        fut.exception()

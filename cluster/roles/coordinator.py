@@ -1,0 +1,134 @@
+"""The coordinator: route each op to its key's leader, one FORWARD frame per leader.
+
+Any node coordinates. It looks up each op's preference list on the ring and groups the ops by
+leader, the first live member of the list. Ops it leads itself run in process; each other leader
+gets one FORWARD frame with all of its ops, stamped with this node's clock (a leader that finds a
+stamp too old treats the op as a retry, ``unstamped``). A FORWARD whose leader is unreachable is
+re-routed once to the next live replica, as retries (the failed leader may have applied them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from cluster.core.config import NodeConfig
+from cluster.core.errors import PeerError, Unavailable
+from cluster.core.metrics import NodeMetrics
+from cluster.core.ring import Ring
+from cluster.transport.peer import PeerLink
+from cluster.transport.wire import Kind, Status
+
+log = logging.getLogger("cluster.coordinator")
+
+# A client op after validation: (table, key, op_id, delta, attempt)
+Op = tuple[str, str, str, int, int]
+
+_UNAVAILABLE = int(Status.UNAVAILABLE)
+
+
+def _stamped(ops: Sequence[Op]) -> list[list[Any]]:
+    """FORWARD items carry the coordinator's wall clock (ms) as a sixth field."""
+    now_ms = int(time.time() * 1000)
+    return [[*op, now_ms] for op in ops]
+
+
+def unstamped(body: list[list[Any]], stale_after_ms: int) -> list[Op]:
+    """Ops of a FORWARD frame; one that waited past ``stale_after_ms`` (in a paused leader's
+    socket buffer, say) goes as a retry: another replica may have taken over and applied it
+    meanwhile, so it is checked there first. Items without the stamp are taken as they are."""
+    now_ms = int(time.time() * 1000)
+    out: list[Op] = []
+    for item in body:
+        table, key, op_id, delta, attempt = item[:5]
+        if len(item) > 5 and now_ms - item[5] > stale_after_ms:
+            attempt = max(attempt, 2)
+        out.append((table, key, op_id, delta, attempt))
+    return out
+
+
+class Coordinator:
+    """Routes ops; ``lead`` runs the ones this node leads, ``is_live`` is read at each call
+    (the node swaps in its failure detector once heartbeats run)."""
+
+    def __init__(self, node_id: str, config: NodeConfig, ring: Ring, links: dict[str, PeerLink],
+                 metrics: NodeMetrics, *, lead: Callable[[Sequence[Op]], Any],
+                 is_live: Callable[[], Callable[[str], bool]]) -> None:
+        self.id, self.config, self.ring, self.links, self.metrics = (node_id, config, ring,
+                                                                      links, metrics)
+        self._lead = lead
+        self._is_live = is_live
+
+    async def submit(self, ops: Sequence[Op]) -> list[int]:
+        """Route every op to its leader (one FORWARD frame per leader); statuses in op order."""
+        me = self.id
+        if len(ops) == 1:
+            leader = self.ring.leader(ops[0][0], ops[0][1], self._is_live())
+            if leader == me:
+                return await self._lead(ops)
+            return await self._forward(leader, list(ops))
+        groups: dict[str | None, list[int]] = {}
+        leader_of = self.ring.leader
+        is_live = self._is_live()
+        for i, op in enumerate(ops):
+            leader = leader_of(op[0], op[1], is_live)
+            idx = groups.get(leader)
+            if idx is None:
+                groups[leader] = [i]
+            else:
+                idx.append(i)
+        out = [_UNAVAILABLE] * len(ops)
+        waits = []
+        for leader, idx in groups.items():
+            sub = [ops[i] for i in idx]
+            waits.append(self._lead(sub) if leader == me else self._forward(leader, sub))
+        for idx, statuses in zip(groups.values(), await asyncio.gather(*waits), strict=True):
+            for i, s in zip(idx, statuses, strict=True):
+                out[i] = s
+        return out
+
+    async def _forward(self, leader: str | None, ops: list[Op]) -> list[int]:
+        if leader is None:
+            return [_UNAVAILABLE] * len(ops)
+        self.metrics.forwarded += len(ops)
+        fut = self.links[leader].call(Kind.FORWARD, _stamped(ops))
+        try:
+            statuses = await asyncio.wait_for(fut, self.config.quorum_timeout * 1.5)
+        except PeerError as exc:  # the leader is unreachable: the next live replica leads
+            log.info("forward to %s failed, re-routing: %r", leader, exc)
+            return await self._reroute(leader, ops)
+        except (TimeoutError, Unavailable) as exc:
+            log.warning("forward to %s failed: %r", leader, exc)
+            return [_UNAVAILABLE] * len(ops)
+        if len(statuses) != len(ops):
+            return [_UNAVAILABLE] * len(ops)
+        return statuses
+
+    async def _reroute(self, failed: str, ops: list[Op]) -> list[int]:
+        """Lead or forward (once) to the next live replica. The failed leader may have applied
+        some of the ops, so they go as retries (attempt >= 2): checked on the replicas first."""
+        is_live = self._is_live()
+        out = [_UNAVAILABLE] * len(ops)
+        groups: dict[str | None, list[int]] = {}
+        for i, op in enumerate(ops):
+            leader = self.ring.leader(op[0], op[1], lambda n: n != failed and is_live(n))
+            groups.setdefault(leader, []).append(i)
+        for leader, idx in groups.items():
+            sub: list[Op] = [(t, k, o, d, max(a, 2)) for t, k, o, d, a in (ops[i] for i in idx)]
+            if leader is None:
+                continue
+            if leader == self.id:
+                res = await self._lead(sub)
+            else:
+                try:
+                    res = await asyncio.wait_for(self.links[leader].call(Kind.FORWARD,
+                                                                         _stamped(sub)),
+                                                 self.config.quorum_timeout * 1.5)
+                except (TimeoutError, Unavailable):
+                    continue
+            for i, st in zip(idx, res, strict=True):
+                out[i] = st
+        return out

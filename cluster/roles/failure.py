@@ -1,0 +1,128 @@
+"""Failure detection: heartbeats over the peer links and a phi-accrual detector per peer.
+
+Hayashibara et al.'s phi accrual detector, in the exponential form Cassandra uses: with the
+mean interval between heartbeats ``mu`` (floored), a silence of ``t`` seconds gives
+``phi = t / mu * log10(e)``, the minus log10 of the probability that a heartbeat is still on its
+way. A peer is live while phi stays under ``phi_threshold`` and it was heard from within
+``failure_timeout``, and it said it is ready (a restarting node settles its in-doubt ops before
+it leads anything). Pure apart from the clock passed in; ``Heartbeats`` does the sending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from cluster.transport.wire import Kind
+
+if TYPE_CHECKING:
+    from cluster.transport.peer import PeerLink
+
+
+class Node(Protocol):
+    """What the heartbeat loop needs of its node."""
+
+    links: dict[str, PeerLink]
+    ready: bool
+
+log = logging.getLogger("cluster.failure")
+
+_LOG10_E = math.log10(math.e)
+
+
+class PhiDetector:
+    """Arrival history of one peer's heartbeats; ``phi(now)`` says how suspicious silence is."""
+
+    __slots__ = ("floor", "last", "intervals", "ready", "heard")
+
+    def __init__(self, now: float, floor: float, window: int = 100) -> None:
+        self.floor = floor
+        self.last = now  # a fresh detector trusts the peer, as if it had just heard from it
+        self.intervals: deque[float] = deque(maxlen=window)
+        self.ready = True
+        self.heard = False
+
+    def heartbeat(self, now: float, ready: bool = True) -> None:
+        if self.heard:
+            self.intervals.append(now - self.last)
+        self.last = now
+        self.ready = ready
+        self.heard = True
+
+    def mean(self) -> float:
+        mu = sum(self.intervals) / len(self.intervals) if self.intervals else self.floor
+        return max(mu, self.floor)
+
+    def phi(self, now: float) -> float:
+        return max(0.0, now - self.last) / self.mean() * _LOG10_E
+
+
+class FailureDetector:
+    """One ``PhiDetector`` per peer plus the thresholds; ``is_live`` is the node's predicate."""
+
+    def __init__(self, peers: list[str], *, interval: float, threshold: float, timeout: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.threshold = threshold
+        self.timeout = timeout
+        now = clock()
+        # The floor keeps a burst of fast heartbeats from making one slow one look fatal.
+        self.peers = {p: PhiDetector(now, floor=max(interval, timeout / threshold / _LOG10_E))
+                      for p in peers}
+        self.on_change: Callable[[str, bool], None] | None = None
+        self._live = dict.fromkeys(peers, True)
+
+    def heartbeat(self, peer: str, ready: bool = True) -> None:
+        d = self.peers.get(peer)
+        if d is not None:
+            d.heartbeat(self.clock(), ready)
+            self._update(peer)
+
+    def is_live(self, peer: str) -> bool:
+        d = self.peers.get(peer)
+        if d is None:
+            return True  # this node itself
+        now = self.clock()
+        return d.ready and now - d.last < self.timeout and d.phi(now) < self.threshold
+
+    def _update(self, peer: str) -> None:
+        live = self.is_live(peer)
+        if live != self._live.get(peer):
+            self._live[peer] = live
+            log.info("peer %s is %s", peer, "up" if live else "down")
+            if self.on_change is not None:
+                self.on_change(peer, live)
+
+    def check_all(self) -> None:
+        for peer in self.peers:
+            self._update(peer)
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        now = self.clock()
+        return {p: {"live": self.is_live(p), "phi": round(d.phi(now), 3),
+                    "silent_s": round(now - d.last, 3)} for p, d in self.peers.items()}
+
+
+async def heartbeat_loop(node: Node, detector: FailureDetector, interval: float) -> None:
+    """Every ``interval``: ping every peer; each answer is a heartbeat (with the peer's ready
+    flag). A ping answered late still counts: arrival times are what phi measures."""
+
+    def answered(peer: str, fut: asyncio.Future[Any]) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        body = fut.result()
+        detector.heartbeat(peer, bool(body.get("ready", True)) if isinstance(body, dict)
+                           else True)
+
+    while True:
+        for peer, link in node.links.items():
+            fut = link.call(Kind.PING, [{"ready": node.ready}], probe=True)
+            fut.add_done_callback(functools.partial(answered, peer))
+        detector.check_all()
+        await asyncio.sleep(interval)

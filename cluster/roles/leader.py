@@ -1,0 +1,301 @@
+"""The leader's write path: admit, dedup, apply, log and replicate a batch; wait for W copies.
+
+    Node.lead -> Leader.submit -> (one batch per loop turn) _lead_now
+        -> ops on a key with an unpublished op here wait (_lead_later)
+        -> _lead_ready: admission (claims and leases, overflow)
+        -> _lead_admitted -> _apply_batch (sync: dedup, raise own pair, hide it, log append)
+        -> _replicate (one REPLICATE frame per replica group) -> quorum: own log + W-1 acks
+        -> published: the ops become visible (release), a PUBLISHED record; or in doubt: 503,
+           settled later (cluster.roles.settle)
+
+A leader checks all the op ids of a batch in the table's dedup in one call, raises its own pair
+for each new op, appends APPLY records (one group-commit fsync for the batch) and, without
+waiting for the disk, replicates; it answers once its own log has the records and W-1 replicas
+acked theirs. Until then the ops are unpublished and their deltas hidden (docs/node.md "What is
+visible when").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from typing import Any
+
+from cluster.core.config import NodeConfig
+from cluster.core.metrics import NodeMetrics
+from cluster.core.ring import Ring
+from cluster.roles.admission import SAFE_ENTRY, Admission
+from cluster.roles.antientropy import Hints
+from cluster.roles.batching import TickBatcher
+from cluster.roles.quorum import quorum_future
+from cluster.roles.state import NodeState
+from cluster.transport.peer import PeerLink
+from cluster.transport.wire import Kind, Status
+from cluster.wal import DurableLog, RecordKind, make_record
+
+log = logging.getLogger("cluster.leader")
+
+# A client op after validation: (table, key, op_id, delta, attempt)
+Op = tuple[str, str, str, int, int]
+
+APPLY, PUBLISHED = int(RecordKind.APPLY), int(RecordKind.PUBLISHED)
+_APPLIED, _DUPLICATE, _UNAVAILABLE = int(Status.APPLIED), int(Status.DUPLICATE), int(
+    Status.UNAVAILABLE)
+
+
+class Leader:
+    """The leader role of one node. Its collaborators are passed in: the node's state, log,
+    links, metrics, claims and hints, and three calls back into the node's recovery (settle a
+    key, settle one op, give back a check's claims)."""
+
+    def __init__(self, config: NodeConfig, ring: Ring, state: NodeState, log: DurableLog,
+                 links: dict[str, PeerLink], metrics: NodeMetrics, claims: Any, hints: Hints,
+                 *, clock: Callable[[], float],
+                 spawn: Callable[[Coroutine[Any, Any, Any]], None],
+                 settle_key: Callable[[str, str, str], Coroutine[Any, Any, None]],
+                 settle_one: Callable[[list[Any]], Coroutine[Any, Any, bool]],
+                 release_claims: Callable[[str, str, str], None]) -> None:
+        self.config, self.ring, self.state, self.log = config, ring, state, log
+        self.links, self.metrics, self.claims, self.hints = links, metrics, claims, hints
+        self.clock = clock
+        self._spawn, self._settle_key, self._settle_one = spawn, settle_key, settle_one
+        self._release_claims = release_claims
+        self.id = config.node_id
+        # op id -> the quorum wait of its application (or publication) under way
+        self._inflight: dict[str, asyncio.Future[bool]] = {}
+        # (table, key) -> resolved when this node's last unpublished op on the key is settled
+        self._key_free: dict[tuple[str, str], asyncio.Future[None]] = {}
+        # op id -> monotonic time until which an op this node's check let through may apply
+        self.leases: dict[str, float] = {}
+        self.behind: set[str] = set()  # replicas that missed a write: anti-entropy them soon
+        self.admission = Admission(config, state, claims, self.leases, metrics,
+                                   release_claims=release_claims)
+        self.batcher: TickBatcher[Op] = TickBatcher(self._lead_now)
+        self._targets: dict[tuple[str, ...], tuple[str, ...]] = {}
+        self._everyone_else = (tuple(m for m in ring.members if m != self.id)
+                               if ring.replicates_everywhere else None)
+
+    def submit(self, ops: Sequence[Op]) -> asyncio.Future[list[int]]:
+        """Lead ``ops`` (admitted by the caller's checks); merged with every other batch led in
+        this loop turn. Statuses in op order."""
+        return self.batcher.submit(list(ops))
+
+    async def _lead_now(self, ops: list[Op], deadline: float | None = None) -> list[int]:
+        """Dedup, apply, log and replicate a batch this node leads; statuses in op order.
+        Ops claimed for another node's check, and checked ops whose lease ran out (this node
+        was paused after its check), answer 503 unapplied (``cluster.roles.checks``); ops that
+        would overflow their entry answer ``counter_overflow`` (``cluster.roles.admission``). Ops
+        on a key that still has an unpublished op here wait for it (``_lead_later``)."""
+        later: list[int] = []
+        if self.state.pending:
+            busy, own = self.state.busy, self.state.shards.own
+            later = [i for i, op in enumerate(ops) if busy(op[0], op[1], own)]
+        if later:
+            self.metrics.deferred += len(later) if deadline is None else 0
+            waiting = set(later)
+            ready = [i for i in range(len(ops)) if i not in waiting]
+            deferred = asyncio.ensure_future(self._lead_later([ops[i] for i in later], deadline))
+            statuses = [_UNAVAILABLE] * len(ops)
+            if ready:  # no await before the apply of the ready ones
+                for i, st in zip(ready, await self._lead_ready([ops[i] for i in ready]),
+                                 strict=True):
+                    statuses[i] = st
+            for i, st in zip(later, await deferred, strict=True):
+                statuses[i] = st
+            return statuses
+        return await self._lead_ready(ops)
+
+    async def _lead_ready(self, ops: list[Op]) -> list[int]:
+        refused = self.admission.before_apply(ops)
+        if not refused:
+            return await self._lead_admitted(ops)
+        statuses = [refused.get(i, _UNAVAILABLE) for i in range(len(ops))]
+        keep = [i for i in range(len(ops)) if i not in refused]
+        if keep:  # no await before the apply: the admission still holds there
+            led = await self._lead_admitted([ops[i] for i in keep])
+            for i, st in zip(keep, led, strict=True):
+                statuses[i] = st
+        return statuses
+
+    async def _lead_later(self, ops: list[Op], deadline: float | None) -> list[int]:
+        """Ops on keys with an unpublished op of this node: applied once it is published or
+        settled, never beside it. Their pair would carry its delta (pairs are cumulative), so
+        it would become visible with them before it is known to stand. Keys whose op stays in
+        doubt past ``quorum_timeout`` (a partition) answer 503."""
+        loop = asyncio.get_running_loop()
+        if deadline is None:
+            deadline = loop.time() + self.config.quorum_timeout
+        waits = []
+        busy, own = self.state.busy, self.state.shards.own
+        for table, key in {(op[0], op[1]) for op in ops}:
+            if not busy(table, key, own):
+                continue  # settled since: go on at once
+            fut = self._key_free.get((table, key))
+            if fut is None:
+                fut = self._key_free[(table, key)] = loop.create_future()
+            waits.append(fut)
+            unpublished = self.state.unpublished(table, key, self.state.shards.own)
+            if unpublished and not any(item[0] in self._inflight for item in unpublished):
+                self._spawn(self._settle_key(table, key, self.state.shards.own))
+        remaining = deadline - loop.time()
+        if waits and remaining > 0:
+            await asyncio.wait(waits, timeout=remaining)
+        if loop.time() >= deadline and all(busy(op[0], op[1], own) for op in ops):
+            self.metrics.unavailable += len(ops)
+            return [_UNAVAILABLE] * len(ops)
+        return await self._lead_now(ops, deadline)
+
+    def release(self, op_ids: Iterable[str]) -> None:
+        """These unpublished ops are published or withdrawn: visible (or cancelled) now; ops
+        waiting for their key go on."""
+        release, free = self.state.release, self._key_free
+        for op_id in op_ids:
+            item = release(op_id)
+            if item is not None and free:
+                fut = free.get((item[1], item[2]))
+                if fut is not None and not self.state.busy(item[1], item[2], self.state.shards.own):
+                    del free[(item[1], item[2])]
+                    if not fut.done():
+                        fut.set_result(None)
+
+    async def _lead_admitted(self, ops: list[Op]) -> list[int]:
+        statuses, own, groups, dup_waits = self._apply_batch(ops)
+        if own is not None:
+            waits = [self._replicate(targets, items, own) for targets, items in groups.items()]
+            results = await asyncio.gather(*waits)
+            ok_by_group = dict(zip(groups, results, strict=True))
+            if not all(results):
+                self._settle_failures(ops, statuses, ok_by_group)
+            self.metrics.applied += sum(1 for s in statuses if s == _APPLIED)
+        for i, fut in dup_waits:
+            if not await fut:
+                statuses[i] = _UNAVAILABLE
+        return statuses
+
+    def _apply_batch(self, ops: Sequence[Op]) -> tuple[
+            list[int], asyncio.Future[None] | None, dict[tuple[str, ...], list[list[Any]]],
+            list[tuple[int, asyncio.Future[bool]]]]:
+        """The synchronous part: no await between the dedup check, the apply and the log
+        append (one columnar frame for the batch); the append's future, None if no op was new."""
+        me, now = self.state.shards.own, self.clock()
+        dups = self.state.seen_or_add_many(ops, 0, 2)
+        apply_local = self.state.shards.apply_local
+        targets_of = self.targets_of
+        inflight, pending, hold = self._inflight, self.state.pending, self.state.hold
+        statuses: list[int] = []
+        rows: list[tuple[str, str, str, int, int, int]] = []
+        groups: dict[tuple[str, ...], list[list[Any]]] = {}
+        dup_waits: list[tuple[int, asyncio.Future[bool]]] = []
+        for (table, key, op_id, delta, _attempt), dup in zip(ops, dups, strict=True):
+            if dup:
+                wait = inflight.get(op_id)
+                if wait is None and op_id in pending:  # in doubt here: settle it first
+                    wait = asyncio.ensure_future(self._settle_one(pending[op_id]))
+                if wait is not None:
+                    dup_waits.append((len(statuses), wait))
+                statuses.append(_DUPLICATE)
+                continue
+            p, n = apply_local(table, key, delta)
+            statuses.append(_APPLIED)
+            rows.append((op_id, table, key, delta, p, n))
+            targets = targets_of(table, key)
+            item = [op_id, table, key, me, p, n, delta, now]
+            hold(item)  # unpublished: hidden from everyone else until its quorum acks
+            group = groups.get(targets)
+            if group is None:
+                groups[targets] = [item]
+            else:
+                group.append(item)
+        self.metrics.duplicates += len(ops) - len(rows)
+        if not rows:
+            return statuses, None, groups, dup_waits
+        op_ids, tables, keys, deltas, ps, ns = zip(*rows, strict=True)
+        if max(ps) >= SAFE_ENTRY or max(ns) >= SAFE_ENTRY:
+            self.admission.near_limit = True  # from now on every batch is checked op by op
+        own = self.log.append_columns_nowait(APPLY, op_ids, tables, keys, deltas, me, ps, ns, now)
+        return statuses, own, groups, dup_waits
+
+    def targets_of(self, table: str, key: str) -> tuple[str, ...]:
+        """The key's replicas other than this node (cached per preference list)."""
+        if self._everyone_else is not None:
+            return self._everyone_else
+        prefs = self.ring.preference_list(table, key)
+        targets = self._targets.get(prefs)
+        if targets is None:
+            targets = self._targets[prefs] = tuple(t for t in prefs if t != self.id)
+        return targets
+
+    def _replicate(self, targets: tuple[str, ...], items: list[list[Any]],
+                   own: asyncio.Future[None]) -> asyncio.Future[bool]:
+        """True once the op is durable here AND on W-1 other replicas: the leader's own copy is
+        required, so an acked op is always in its leader's log (never in a torn tail).
+
+        Synchronous on purpose: the ids are registered as in flight before anything else can
+        run, so a duplicate arriving meanwhile waits for this outcome."""
+        remote = [self.links[t].call(Kind.REPLICATE, items) for t in targets]
+        for t, fut in zip(targets, remote, strict=True):
+            fut.add_done_callback(functools.partial(self._hint_on_failure, t, items))
+        self.metrics.replicated_out += len(items) * len(targets)
+        timeout = self.config.quorum_timeout
+        every = quorum_future(remote, len(remote), timeout)
+        every.add_done_callback(functools.partial(self._mark_behind, targets, remote))
+        others = quorum_future(remote, self.config.quorum - 1, timeout)
+        done = quorum_future([own, others], 2, timeout)
+        inflight = self._inflight
+        for op in items:
+            inflight[op[0]] = done
+
+        def forget(f: asyncio.Future[bool]) -> None:
+            for op in items:
+                if inflight.get(op[0]) is done:
+                    del inflight[op[0]]
+            if f.result():
+                self.release([op[0] for op in items])
+                self.published(items)
+
+        done.add_done_callback(forget)
+        return done
+
+    def _mark_behind(self, targets: tuple[str, ...], remote: list[asyncio.Future[Any]],
+                     all_acked: asyncio.Future[bool]) -> None:
+        """A replica that did not ack in time (a lost frame leaves no error to hint on) gets
+        an anti-entropy exchange at the next tick."""
+        if not all_acked.result():
+            for t, f in zip(targets, remote, strict=True):
+                if not f.done() or f.cancelled() or f.exception() is not None:
+                    self.behind.add(t)
+
+    def _hint_on_failure(self, target: str, items: list[list[Any]],
+                         fut: asyncio.Future[Any]) -> None:
+        if not fut.cancelled() and fut.exception() is not None:
+            self.hints.add(target, items)
+
+    def published(self, items: list[list[Any]]) -> None:
+        """PUBLISHED records for ops now on a quorum; appended without waiting: a record lost
+        in a crash only makes recovery ask the replicas about one more op."""
+        try:
+            fut = self.log.append_nowait([
+                make_record(PUBLISHED, op_id, table, key, 0, origin, p, n, ts)
+                for op_id, table, key, origin, p, n, _delta, ts in items])
+        except Exception as exc:  # noqa: BLE001 - a closed log: recovery asks instead
+            log.debug("PUBLISHED records not written: %r", exc)
+            return
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    def _settle_failures(self, ops: Sequence[Op], statuses: list[int],
+                         ok_by_group: dict[tuple[str, ...], bool]) -> None:
+        """Ops of groups without a quorum answer 503; so do their duplicates in this batch
+        (a duplicate must never be reported for an op that may not be durable)."""
+        failed = {op_id for targets, ok in ok_by_group.items() if not ok
+                  for op_id in self._group_ids(targets, ops)}
+        for i, op in enumerate(ops):
+            if op[2] in failed and statuses[i] != _UNAVAILABLE:
+                statuses[i] = _UNAVAILABLE
+                self.metrics.unavailable += 1
+
+    def _group_ids(self, targets: tuple[str, ...], ops: Sequence[Op]) -> Iterable[str]:
+        for table, key, op_id, _, _ in ops:
+            if self.targets_of(table, key) == targets:
+                yield op_id

@@ -1,0 +1,292 @@
+"""A cluster member: wires its roles (coordinator, leader, replica, checks, settle,
+anti-entropy, reads, failure detection) around one state, one log and its peer links.
+
+The write path, end to end (docs/architecture.md draws it):
+
+    HTTP edge (cluster.edge.http_api) -> Node.submit -> Coordinator (FORWARD to the key's leader)
+      -> Node.lead -> [cluster.roles.checks for retries] -> Leader.submit -> dedup, apply, log,
+         REPLICATE -> Replica.on_replicate on the other replicas -> W durable copies -> ack
+
+Run as ``python -m cluster.node`` (``cluster/node.py``; the CLI is ``cluster.cli``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from cluster.core.config import NodeConfig
+from cluster.core.metrics import NodeMetrics
+from cluster.core.ring import Ring
+from cluster.core.shards import CounterEntry
+from cluster.roles import antientropy, checks, settle
+from cluster.roles.admission import needs_check, stale_after_ms
+from cluster.roles.antientropy import Hints
+from cluster.roles.coordinator import Coordinator, Op, unstamped
+from cluster.roles.failure import FailureDetector
+from cluster.roles.leader import Leader
+from cluster.roles.quorum import next_incarnation, quorum_future
+from cluster.roles.reads import read_counter
+from cluster.roles.replica import Replica
+from cluster.roles.state import NodeState
+from cluster.transport.auth import PeerAuth, load_secret
+from cluster.transport.peer import PeerLink, peer_ssl
+from cluster.transport.wire import Kind, Status
+from cluster.wal import DurableLog, RecordKind
+
+__all__ = ["Node", "Op", "next_incarnation", "quorum_future"]
+
+APPLY, REPLICA = int(RecordKind.APPLY), int(RecordKind.REPLICA)
+PUBLISHED, WITHDRAW = int(RecordKind.PUBLISHED), int(RecordKind.WITHDRAW)
+_UNAVAILABLE = int(Status.UNAVAILABLE)
+
+
+class Node:
+    """One cluster member: owns the log, the peer links and the state; the HTTP layer calls it."""
+
+    def __init__(self, config: NodeConfig, *, clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.id = config.node_id
+        self.clock = clock
+        self.ring = Ring([p[0] for p in config.peers], vnodes=config.vnodes, rf=config.rf)
+        self.state = NodeState(config, clock=clock)
+        self.origin = self.id  # becomes "<id>@<incarnation>" in recover()
+        self.log = DurableLog(Path(config.data_dir) / "log", fsync=config.fsync,
+                              archive=config.keep_log)
+        secret = load_secret(config.secret_file) if config.secret_file else None
+        self.auth = PeerAuth(self.id, secret, skew=config.peer_auth_skew)
+        link_ssl = peer_ssl(config)
+        self.links: dict[str, PeerLink] = {
+            pid: PeerLink(self.id, pid, *config.dial_addr(pid),
+                          connect_timeout=config.peer_connect_timeout,
+                          max_inflight_frames=config.max_inflight_frames, auth=self.auth,
+                          ssl_context=link_ssl)
+            for pid, _, _ in config.peers if pid != self.id
+        }
+        self.metrics = NodeMetrics()
+        # (table, key, origin) -> resolved when the settle pass under way for it ends
+        self.settling: dict[tuple[str, str, str], asyncio.Future[None]] = {}
+        self.detector = FailureDetector(
+            list(self.links), interval=config.heartbeat_interval,
+            threshold=config.phi_threshold, timeout=config.failure_timeout)
+        self.detector.on_change = self._peer_changed
+        # Every member counts as live until heartbeats run (the server starts them): a guess
+        # from one failed connection would move a key's leader for no good reason.
+        self.is_live: Callable[[str], bool] = lambda _node: True
+        self.ready = False  # set once in-doubt ops are settled and dedup state pulled
+        self.checked = checks.Checked(config.window, clock)
+        # Ops claimed here for a node checking them (or by this node's own check)
+        self.claims = checks.Claims()
+        self.hints = Hints(config.max_hints)
+        self._degraded_until = 0.0  # a restart sets it (recover), so does a peer gone silent
+        self._silent: set[str] = set()
+        self._bg: set[asyncio.Task[Any]] = set()
+        self.leader = Leader(
+            config, self.ring, self.state, self.log, self.links, self.metrics, self.claims,
+            self.hints, clock=clock, spawn=self.spawn,
+            settle_key=lambda t, k, o: settle.settle_key(self, t, k, o),
+            settle_one=lambda item: settle.settle_one(self, item),
+            release_claims=lambda t, k, op_id: checks.release_claims(self, t, k, op_id))
+        self.replica = Replica(self.state, self.log, self.claims, self.metrics, clock=clock)
+        self.coordinator = Coordinator(self.id, config, self.ring, self.links, self.metrics,
+                                       lead=self.lead, is_live=lambda: self.is_live)
+
+    @property
+    def pending(self) -> dict[str, list[Any]]:
+        """In-doubt ops: applied here as leader, not known to be on a quorum (op id -> item)."""
+        return self.state.pending
+
+    @property
+    def inflight(self) -> dict[str, asyncio.Future[bool]]:
+        """Quorum waits under way (op id -> its outcome), the leader's."""
+        return self.leader._inflight
+
+    # The roles' entry points other parts of the node call (checks, settle, anti-entropy).
+    @property
+    def leases(self) -> dict[str, float]:
+        return self.leader.leases
+
+    @property
+    def behind(self) -> set[str]:
+        return self.leader.behind
+
+    def targets_of(self, table: str, key: str) -> tuple[str, ...]:
+        return self.leader.targets_of(table, key)
+
+    def lead_plain(self, ops: Sequence[Op]) -> asyncio.Future[list[int]]:
+        return self.leader.submit(ops)
+
+    def release(self, op_ids: Iterable[str]) -> None:
+        self.leader.release(op_ids)
+
+    def published(self, items: list[list[Any]]) -> None:
+        self.leader.published(items)
+
+    def learn(self, table: str, key: str, op_id: str, entry: CounterEntry) -> None:
+        self.replica.learn(table, key, op_id, entry)
+
+    def on_repair(self, items: list[list[Any]], op_id: str = "") -> asyncio.Future[None]:
+        return self.replica.on_repair(items, op_id)
+
+    def shareable(self, items: list[list[Any]]) -> list[list[Any]]:
+        return self.replica.shareable(items)
+
+    async def submit(self, ops: Sequence[Op]) -> list[int]:
+        """Route every op to its leader (one FORWARD frame per leader); statuses in op order."""
+        return await self.coordinator.submit(ops)
+
+    def use_detector(self) -> None:
+        self.is_live = self.detector.is_live
+
+    def recently_degraded(self) -> bool:
+        """A peer was down (or this node restarted) within the window: another leader may
+        have applied ops this one never saw, so non-primary leads are checked on the replicas."""
+        return time.monotonic() < self._degraded_until
+
+    def _peer_changed(self, peer: str, live: bool) -> None:
+        # A peer never heard from yet (still starting), or that said it is recovering, was not
+        # cut off: no reason to check ops.
+        d = self.detector.peers[peer]
+        silent = not live and d.ready and d.heard
+        if silent or live and peer in self._silent:
+            self._degraded_until = time.monotonic() + self.config.window
+        if live:
+            self._silent.discard(peer)
+            self.spawn(self._caught_up(peer))
+        elif silent:
+            self._silent.add(peer)
+
+    async def _caught_up(self, peer: str) -> None:
+        await self.hints.deliver(self, peer)
+        await antientropy.sync_all(self, [peer])
+
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def recover(self) -> int:
+        """Open the log, load the snapshot, replay the log; returns the records replayed.
+
+        Each start is a new incarnation with its own origin id (``n1@7``), so this node never
+        raises a pair that peers may know a higher value of: a record replicated but lost from
+        our own log tail in a crash cannot collide with what we apply after the restart.
+        """
+        self.origin = f"{self.id}@{next_incarnation(Path(self.config.data_dir))}"
+        self.state.set_origin(self.origin)
+        await self.log.start()
+        blob = self.log.load_snapshot()
+        if blob is not None:
+            self.state.load_blob(blob)
+        count = 0
+        replay, pending = self.state.replay, dict(self.state.pending)
+        for rec in self.log.replay():
+            kind = rec.kind
+            if kind in (APPLY, REPLICA, WITHDRAW):
+                replay(rec.op_id, rec.table, rec.key, rec.origin, rec.p, rec.n, rec.ts)
+                count += 1
+            if kind == APPLY:
+                pending[rec.op_id] = [rec.op_id, rec.table, rec.key, rec.origin, rec.p, rec.n,
+                                      rec.delta, rec.ts]
+            elif kind in (PUBLISHED, WITHDRAW):
+                pending.pop(rec.op_id, None)
+                if kind == WITHDRAW:
+                    self.state.withdrawn[rec.op_id] = rec.ts
+        self.state.set_pending(list(pending.values()))  # unpublished: hidden until settled
+        self.metrics.replayed = count
+        if count or blob is not None:  # a restart: others may have led our keys meanwhile
+            self._degraded_until = time.monotonic() + self.config.window
+        return count
+
+    async def prepare(self) -> None:
+        """Before serving: pull the replicas' dedup state and entries, settle in-doubt ops."""
+        await antientropy.pull_dedup(self)
+        await antientropy.sync_all(self, list(self.links))
+        await settle.settle_all(self)
+
+    async def close(self) -> None:
+        for task in list(self._bg):
+            task.cancel()
+        for link in self.links.values():
+            await link.stop()
+        await self.log.stop()
+
+    def abort(self) -> None:
+        for task in list(self._bg):
+            task.cancel()
+        for link in self.links.values():
+            link.abort()
+        self.log.abort()
+
+    def health(self) -> dict[str, Any]:
+        state = self.state
+        return {
+            "node": self.id,
+            "status": "ok" if self.ready else "recovering",
+            "members": list(self.ring.members),
+            "rf": self.ring.rf,
+            "write_quorum": self.config.quorum,
+            "window_s": min([d.window for d in state.dedups.values() if d.window > 0]
+                            or [self.config.window]),
+            "dedup": {"default": self.config.dedup, **dict(self.config.dedup_tables)},
+            "tables": {t: {"strategy": d.name, "window_s": d.window,
+                           "estimated_fpp": d.estimated_fpp()}
+                       for t, d in state.dedups.items()},
+            "peers": {pid: link.connected for pid, link in self.links.items()},
+            "addresses": {pid: f"{host}:{port}" for pid, host, port in self.config.peers},
+            "ring": {"vnodes": self.ring.vnodes, "hash": "murmur3_x64_128",
+                     "key": "<table>/<key>"},
+            "counters": state.shards.keys,
+            "live": {pid: self.is_live(pid) for pid in self.links},
+            "in_doubt": len(state.pending),
+            "hints": {pid: self.hints.pending(pid) for pid in self.links},
+        }
+
+    # -- leading -----------------------------------------------------------------------
+
+    def lead(self, ops: Sequence[Op]) -> asyncio.Future[list[int]]:
+        """Lead ``ops``; merged with every other batch led in this loop turn. Statuses in order.
+        Retries, and every op while a peer was recently down, are first checked on the replicas
+        (``cluster.roles.checks``); a node still recovering leads nothing."""
+        if not self.ready:
+            done: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+            done.set_result([_UNAVAILABLE] * len(ops))
+            return done
+        if self.is_live == self.detector.is_live:
+            self.detector.check_all()  # after a pause, see the silence before leading anything
+        if any(needs_check(op, self.recently_degraded()) for op in ops):
+            return asyncio.ensure_future(checks.lead_checked(self, list(ops)))
+        return self.leader.submit(ops)
+
+    def handle_peer(self, peer_id: str, kind: int, body: Any) -> Any:
+        """Dispatch one inbound peer frame (the ``PeerProtocol`` handler)."""
+        if kind == Kind.REPLICATE:
+            return self.replica.on_replicate(body)  # None once durable, False if refused
+        if kind == Kind.FORWARD:
+            return self.lead(unstamped(body, stale_after_ms(self.config)))
+        if kind == Kind.READ:
+            return self.replica.on_read(body)
+        if kind == Kind.REPAIR:
+            return self.on_repair(body)
+        if kind == Kind.PING:
+            return [{"ready": self.ready}] * len(body)
+        if kind == Kind.HOLDS:
+            return checks.on_holds(self, body, peer_id)
+        if kind == Kind.DIGEST:
+            return antientropy.on_digest(self, peer_id, body[0] if body else {})
+        if kind == Kind.ENTRIES:
+            return [antientropy.on_entries(self, peer_id, b) for b in body]
+        if kind == Kind.DEDUP:
+            return [antientropy.on_dedup(self, b) for b in body]
+        raise ValueError(f"unknown peer frame kind {kind}")
+
+    # -- reads -----------------------------------------------------------------------------
+
+    async def read(self, table: str, key: str, consistency: str) -> int:
+        """Merge the entries of ``consistency`` many replicas; repair the stale ones seen."""
+        return await read_counter(self, table, key, consistency)

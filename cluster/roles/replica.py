@@ -1,0 +1,150 @@
+"""The replica's side of the write path: merge a leader's ops, refuse fenced copies, repair, read.
+
+A replica (its REPLICATE frames of one loop turn merged into one batch) inserts every op id into
+its own dedup (that is how the dedup state of the replicas stays in step), max-merges the pairs,
+logs REPLICA records and acks once durable. A copy of an op claimed here for another leader is
+refused (``_fenced``): the frame's reply is False and its sender settles the op.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from cluster.core.metrics import NodeMetrics
+from cluster.core.shards import CounterEntry
+from cluster.roles.batching import TickBatcher
+from cluster.roles.state import NodeState
+from cluster.wal import DurableLog, LogRecord, RecordKind
+
+log = logging.getLogger("cluster.replica")
+
+REPLICA = int(RecordKind.REPLICA)
+
+
+def _with_flags(out: asyncio.Future[Any], flags: list[bool], durable: asyncio.Future[Any]
+                ) -> None:
+    """``out`` gets the per-item flags once ``durable`` is (TickBatcher slices them per frame)."""
+    if out.done():
+        return
+    if durable.cancelled():
+        out.cancel()
+    elif durable.exception() is not None:
+        out.set_exception(durable.exception())  # type: ignore[arg-type]
+    else:
+        out.set_result(flags)
+
+
+def _frame_reply(out: asyncio.Future[Any], merged: asyncio.Future[Any]) -> None:
+    """A REPLICATE frame's reply: None once durable, False if any of its ops was refused."""
+    if out.done():
+        return
+    if merged.cancelled():
+        out.cancel()
+    elif merged.exception() is not None:
+        out.set_exception(merged.exception())  # type: ignore[arg-type]
+    else:
+        result = merged.result()
+        out.set_result(False if isinstance(result, list) and not all(result) else None)
+
+
+class Replica:
+    """The replica role of one node: collaborators are its state, log, claims and metrics."""
+
+    def __init__(self, state: NodeState, log: DurableLog, claims: Any, metrics: NodeMetrics,
+                 *, clock: Callable[[], float]) -> None:
+        self.state, self.log, self.claims, self.metrics = state, log, claims, metrics
+        self.clock = clock
+        self.batcher: TickBatcher[list[Any]] = TickBatcher(self._replicate_now)
+
+    def on_replicate(self, items: list[list[Any]]) -> asyncio.Future[Any]:
+        """Merged with the other REPLICATE frames of this loop turn; resolves once durable:
+        None, or False when some of the frame's ops were refused (``_fenced``)."""
+        done = asyncio.get_running_loop().create_future()
+        self.batcher.submit(items).add_done_callback(functools.partial(_frame_reply, done))
+        return done
+
+    def _replicate_now(self, items: list[list[Any]]) -> asyncio.Future[Any]:
+        flags = self._fenced(items) if self.claims else None
+        if flags is not None:
+            items = [item for item, ok in zip(items, flags, strict=True) if ok]
+        self.state.seen_or_add_many(items, 1, 0)  # learn the ids: dedup state stays in sync
+        claims = self.claims
+        if claims:  # the application arrived: the dedup answers for these ops now
+            for item in items:
+                claims.applied(item[0])
+        self.state.shards.merge_items(items)
+        self.metrics.replicated_in += len(items)
+        if not items:
+            durable = self.log.append_nowait([])
+        else:
+            op_id, table, key, origin, p, n, delta, ts = zip(*items, strict=True)
+            durable = self.log.append_columns_nowait(REPLICA, op_id, table, key, delta, origin,
+                                                     p, n, ts)
+        if flags is None:
+            return durable
+        out: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        durable.add_done_callback(functools.partial(_with_flags, out, flags))
+        return out
+
+    def _fenced(self, items: list[list[Any]]) -> list[bool] | None:
+        """Per item, False for a copy of an op claimed here for (or applied by) another node
+        than its origin's: a leader that was cut off or paused while a replica that took over
+        applied the op after a check. Merging it would count the op twice, so the copy is
+        refused, and so is every later item of the same key and origin in the frame (its pair
+        carries the refused delta). None when nothing is refused."""
+        fence = self.claims.fence
+        flags: list[bool] | None = None
+        cut: set[tuple[str, str, str]] = set()
+        for i, item in enumerate(items):
+            k = (item[1], item[2], item[3])
+            if k not in cut:
+                holder = fence(item[0])
+                if holder is None or holder == item[3].partition("@")[0]:
+                    continue
+                cut.add(k)
+                log.info("refused %s's copy of op %s: claimed for %s", item[3], item[0], holder)
+            if flags is None:
+                flags = [True] * len(items)
+            flags[i] = False
+        if flags is not None:
+            self.metrics.fenced += flags.count(False)
+        return flags
+
+    def on_repair(self, items: list[list[Any]], op_id: str = "") -> asyncio.Future[None]:
+        records = []
+        now = self.clock()
+        merge = self.state.shards.merge_pair
+        for table, key, wire_entry in items:
+            for origin, (p, n) in CounterEntry.from_wire(wire_entry).pairs.items():
+                if merge(table, key, origin, p, n):
+                    records.append(LogRecord(REPLICA, op_id, table, key, 0, origin, p, n, now))
+        self.metrics.repairs_in += len(records)
+        return self.log.append_nowait(records)
+
+    def shareable(self, items: list[list[Any]]) -> list[list[Any]]:
+        """REPLICATE items queued earlier (hints), as they may be sent now: ops still
+        unpublished or withdrawn left out, and each pair the visible one of its key and origin
+        (never less than the item's own once it is published)."""
+        pending, withdrawn, pair = self.state.pending, self.state.withdrawn, self.state.shards.pair
+        out = []
+        for item in items:
+            if item[0] in pending or item[0] in withdrawn:
+                continue
+            op_id, table, key, origin = item[0], item[1], item[2], item[3]
+            p, n = pair(table, key, origin)
+            out.append([op_id, table, key, origin, p, n, item[6], item[7]])
+        return out
+
+    def on_read(self, items: list[list[str]]) -> list[dict[str, list[int]]]:
+        entry = self.state.shards.entry
+        return [entry(table, key).to_wire() for table, key in items]
+
+    def learn(self, table: str, key: str, op_id: str, entry: CounterEntry) -> None:
+        """A replica holds ``op_id``: remember it and merge the key's entry (logged)."""
+        self.state.dedup(table).seen_or_add(op_id.encode())
+        self.claims.drop(op_id)
+        self.on_repair([[table, key, entry.to_wire()]], op_id)

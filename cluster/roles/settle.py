@@ -1,0 +1,236 @@
+"""Exactly-once across leaders, part two: in-doubt ops settled, published or withdrawn.
+
+An op is *unpublished* from its APPLY until its quorum acked (then a PUBLISHED record is
+appended, without waiting for it); it is *in doubt* once that quorum failed. In-doubt ops, and
+the unpublished APPLYs a restarted node finds in its log (or snapshot), are settled by asking the
+replicas (``HOLDS``, ``cluster.roles.checks``): if another leader applied the op, this node
+withdraws its own application with a compensating delta on the op's own origin (a WITHDRAW record);
+otherwise it publishes it (replicates it again). Until then the op's delta is hidden: nobody but
+this node sees it (``ShardStore.hide``; docs/node.md "What is visible when").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from cluster.core.shards import CounterEntry
+from cluster.roles import checks
+from cluster.roles.checks import BUSY, CLAIM, HELD, IN_DOUBT, WITHDRAWN, consume, release_claims
+from cluster.roles.quorum import quorum_future
+from cluster.transport.wire import Kind
+from cluster.wal import RecordKind, make_record
+
+if TYPE_CHECKING:
+    from cluster.wal import DurableLog
+
+
+class Node(checks.Node, Protocol):
+    """What settling needs of its node: the checks' needs, plus the log and the leader's
+    publication."""
+
+    log: DurableLog
+    settling: dict[tuple[str, str, str], asyncio.Future[None]]
+
+    def clock(self) -> float: ...
+
+    def release(self, op_ids: Iterable[str]) -> None: ...
+
+    def published(self, items: list[list[Any]]) -> None: ...
+
+    def targets_of(self, table: str, key: str) -> tuple[str, ...]: ...
+
+log = logging.getLogger("cluster.settle")
+
+WITHDRAW = int(RecordKind.WITHDRAW)
+
+# -- in-doubt ops ---------------------------------------------------------------------------
+
+
+def _covers(entry: CounterEntry, item: Sequence[Any]) -> bool:
+    p, n = entry.pairs.get(item[3], (0, 0))
+    return p >= item[4] and n >= item[5]
+
+
+async def settle_one(node: Node, item: list[Any]) -> bool:
+    """Settle the in-doubt op ``item`` (and the ops before it on its key); True once it is
+    published or withdrawn."""
+    if item[0] not in node.pending:
+        return True
+    waiting = node.inflight.get(item[0])  # its quorum (or a publication) is under way
+    if waiting is not None and await asyncio.shield(waiting):
+        return True
+    await settle_key(node, item[1], item[2], item[3])
+    return item[0] not in node.pending
+
+
+async def settle_key(node: Node, table: str, key: str, origin: str) -> None:
+    """Settle the in-doubt ops of one key and origin, one pass at a time per key (a second
+    caller waits for the pass under way)."""
+    k = (table, key, origin)
+    running = node.settling.get(k)
+    if running is not None:
+        await asyncio.shield(running)
+        return
+    done = node.settling[k] = asyncio.get_running_loop().create_future()
+    try:
+        await _settle_key(node, table, key, origin)
+    finally:
+        del node.settling[k]
+        done.set_result(None)
+
+
+async def _settle_key(node: Node, table: str, key: str, origin: str) -> None:
+    """In the order they were applied, withdraw the ops another leader applied and publish
+    the rest; stop at the first one that cannot be decided yet.
+
+    A pair carries every earlier op of its origin on the key, so they are settled in order,
+    and each publication sends the pair of exactly what is settled so far: the visible pair
+    plus the ops being published. Nothing that may still be withdrawn ever leaves this node.
+    """
+    items = node.state.unpublished(table, key, origin)
+    if not items or any(item[0] in node.inflight for item in items):
+        return  # empty, or a quorum is still being waited for: its outcome decides
+    answered, answers = await ask_holds_many(node, table, key, [item[0] for item in items])
+    run: list[list[Any]] = []
+    for i, item in enumerate(items):
+        if item[0] not in node.pending:
+            return  # settled meanwhile by another path: ask again next time
+        verdict = _verdict(node, item, answered, [(r, a[i], e) for r, a, e in answers])
+        if verdict == "publish":
+            run.append(item)
+            continue
+        if run and not await _publish(node, table, key, origin, run):
+            return
+        run = []
+        if verdict == "withdraw":
+            await withdraw(node, item)
+        else:
+            return  # undecided: the ops after it wait with it
+    if run:
+        await _publish(node, table, key, origin, run)
+
+
+def _verdict(node: Node, item: list[Any], answered: int,
+             answers: list[tuple[str, tuple[int, bool], CounterEntry]]) -> str:
+    """"withdraw" when another leader applied the op: it applied it after a check, or holds
+    the id without our pair (our replication never reached it), or holds it in doubt too and
+    has the lower node id (so exactly one application stays); "publish" when enough replicas
+    answered and none did; "wait" when a replica has another application or check of it open,
+    or too few answered. A replica that withdrew its own copy deferred to another application,
+    perhaps ours: the id it holds then says nothing about a third one."""
+    if any(held == BUSY for _, (held, _), _ in answers):
+        return "wait"
+    me = node.id
+    deferred = any(held == WITHDRAWN for _, (held, _), _ in answers)
+    if any((held == IN_DOUBT and r < me) or (held == HELD and checked)
+           or (held == HELD and not deferred and not _covers(entry, item))
+           for r, (held, checked), entry in answers):
+        return "withdraw"
+    if answered < node.ring.rf - node.config.quorum:
+        return "wait"  # a replica that applied it may be among the silent ones
+    return "publish"
+
+
+async def ask_holds_many(node: Node, table: str, key: str, op_ids: list[str]
+                         ) -> tuple[int, list[tuple[str, list[tuple[int, bool]], CounterEntry]]]:
+    """``ask_holds`` for several ops of one key in one frame per replica (claiming each):
+    (replicas that answered, per replica its answers in op order and the key's entry)."""
+    others = [r for r in node.ring.preference_list(table, key) if r != node.id]
+    futs = {r: node.links[r].call(Kind.HOLDS, [[table, key, op_id, CLAIM] for op_id in op_ids])
+            for r in others}
+    if futs:
+        await asyncio.wait(futs.values(), timeout=node.config.quorum_timeout)
+    out = []
+    for r, fut in futs.items():
+        if not fut.done():
+            fut.cancel()
+        elif fut.exception() is None:
+            got = fut.result()
+            if len(got) != len(op_ids):
+                continue
+            out.append((r, [(int(held), bool(checked)) for held, checked, _ in got],
+                        CounterEntry.from_wire(got[0][2]) if got else CounterEntry()))
+    return len(out), out
+
+
+async def _publish(node: Node, table: str, key: str, origin: str,
+                   run: list[list[Any]]) -> bool:
+    """Replicate in-doubt ops again, with the pair of everything settled up to them; True once
+    a quorum holds them (they are visible then)."""
+    p, n = node.state.shards.pair(table, key, origin)
+    for item in run:
+        if item[6] >= 0:
+            p += item[6]
+        else:
+            n -= item[6]
+    sent = [[item[0], table, key, origin, p, n, item[6], item[7]] for item in run]
+    targets = node.targets_of(table, key)
+    remote = [node.links[t].call(Kind.REPLICATE, sent) for t in targets]
+    done = quorum_future(remote, node.config.quorum - 1, node.config.quorum_timeout)
+    # In flight meanwhile: a replica settling its own copy of the op waits (BUSY) for this
+    # outcome instead of taking the op for merely in doubt here, and a retry waits for it too.
+    inflight = node.inflight
+    for item in run:
+        inflight.setdefault(item[0], done)
+    try:
+        ok = await done
+    finally:
+        for item in run:
+            if inflight.get(item[0]) is done:
+                del inflight[item[0]]
+    if ok:
+        live = [item for item in run if item[0] in node.pending]
+        node.release([item[0] for item in live])
+        node.published(live)
+        node.metrics.published_late += len(live)
+        for item in live:
+            # Say so when asked, like an op applied after a check: a replica that also holds it
+            # in doubt (and deferred to this one, the lower id) must then withdraw, and the
+            # entries anti-entropy merged meanwhile no longer tell the two applications apart.
+            node.checked.add(item[0])
+    return ok
+
+
+async def withdraw(node: Node, item: list[Any]) -> None:
+    """Cancel this node's application of an op another leader applied. It was never visible
+    (its delta hidden, no later pair of its key carrying it), so the cancellation is a
+    compensating delta on the op's own origin and key: the op's pair and its compensation
+    become visible together, value-neutral. Logged (WITHDRAW) and pushed to the replicas."""
+    op_id, table, key, origin, delta = item[0], item[1], item[2], item[3], item[6]
+    if op_id not in node.pending:
+        return
+    p, n = node.state.shards.compensate(table, key, origin, delta)
+    node.state.withdrawn[op_id] = node.clock()
+    node.release([op_id])
+    rec = make_record(WITHDRAW, op_id, table, key, -delta, origin, p, n, node.clock())
+    node.metrics.withdrawn += 1
+    log.info("withdrew in-doubt op %s on %s/%s (applied by another leader)", op_id, table, key)
+    entry = [[table, key, {origin: list(node.state.shards.pair(table, key, origin))}]]
+    for t in node.targets_of(table, key):
+        node.links[t].call(Kind.REPAIR, entry).add_done_callback(consume)
+    release_claims(node, table, key, op_id)  # taken by the settling HOLDS; the op stands elsewhere
+    await node.log.append_nowait([rec])
+
+
+async def settle_all(node: Node, min_age: float = 0.0) -> int:
+    """One pass over the keys with in-doubt ops not currently waiting for their quorum (all
+    keys at once, each key's ops in order); how many ops remain unpublished."""
+    now = node.clock()
+    keys = [k for k in node.state.unpublished_keys()
+            if any(now - item[7] >= min_age and item[0] not in node.inflight
+                   for item in node.state.unpublished(*k))]
+    if keys:
+        await asyncio.gather(*(settle_key(node, *k) for k in keys))
+    return len(node.pending)
+
+
+async def settle_loop(node: Node, interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await settle_all(node, min_age=node.config.quorum_timeout)
+        except Exception as exc:  # noqa: BLE001 - a failed pass is retried at the next one
+            log.warning("settling in-doubt ops failed: %r", exc)

@@ -1,0 +1,179 @@
+"""A node's in-memory state: counter shards plus one dedup per table; snapshot and replay.
+
+Pure apart from the dedup clock: the log and the network live in ``cluster.node``. Replay is
+idempotent because shard entries merge by max and re-inserting an op id is harmless.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgpack
+
+from cluster.core.config import NodeConfig
+from cluster.core.shards import ShardStore
+
+SNAPSHOT_VERSION = 1
+_VECTOR_MIN = 12  # below this, numpy's fixed cost outweighs its per-item gain (measured)
+
+
+def _many(dedup: Any, ids: list[bytes]) -> list[bool]:
+    """Batch ``seen_or_add``: the strategy's own batch call if it has one, the plain FBF's
+    vectorised ``add_many`` (the same answers as one-by-one adds), else a loop."""
+    many = getattr(dedup, "seen_or_add_many", None)
+    if many is not None:
+        return list(many(ids))
+    if len(ids) >= _VECTOR_MIN and getattr(dedup, "name", "") == "fbf":
+        return (~dedup.filter.add_many(ids)).tolist()
+    seen = dedup.seen_or_add
+    return [seen(x) for x in ids]
+
+
+def _dedup_module() -> Any:
+    import cluster.core.dedup as dedup  # imported late: the package is built in parallel
+
+    return dedup
+
+
+class NodeState:
+    """Shards and per-table dedup of one node."""
+
+    def __init__(self, config: NodeConfig, *, clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.clock = clock
+        self.shards = ShardStore(config.node_id)
+        self.dedups: dict[str, Any] = {}
+        # Unpublished ops: applied here as leader, not yet known to be on a quorum (in flight,
+        # or in doubt once their quorum failed). op id -> [op_id, table, key, origin, p, n,
+        # delta, ts] (the REPLICATE item); change it only through hold/release, which keep
+        # their deltas hidden in the shards and the per-key order.
+        self.pending: dict[str, list[Any]] = {}
+        # (table, key, origin) -> its unpublished op ids in the order they were applied
+        self._by_key: dict[tuple[str, str, str], dict[str, None]] = {}
+        # Ops this node applied and then withdrew (op id -> time): it does not count them, and
+        # says so when asked, so the leader whose application stands is never mistaken for it.
+        self.withdrawn: dict[str, float] = {}
+
+    def set_origin(self, origin: str) -> None:
+        """The origin id this node raises from now on (a fresh incarnation)."""
+        self.shards = ShardStore(origin)
+        self.set_pending(list(self.pending.values()))
+
+    # -- unpublished ops ---------------------------------------------------------------------
+
+    def hold(self, item: list[Any]) -> None:
+        """An op this node just applied as leader: unpublished (and hidden) until released."""
+        op_id, table, key, origin = item[0], item[1], item[2], item[3]
+        self.pending[op_id] = item
+        k = (table, key, origin)
+        ids = self._by_key.get(k)
+        if ids is None:
+            ids = self._by_key[k] = {}
+        ids[op_id] = None
+        self.shards.hide(table, key, origin, item[6])
+
+    def release(self, op_id: str) -> list[Any] | None:
+        """The op is published or withdrawn: visible (or compensated) from now on. Its item."""
+        item = self.pending.pop(op_id, None)
+        if item is None:
+            return None
+        k = (item[1], item[2], item[3])
+        ids = self._by_key.get(k)
+        if ids is not None:
+            ids.pop(op_id, None)
+            if not ids:
+                del self._by_key[k]
+        self.shards.unhide(item[1], item[2], item[3], item[6])
+        return item
+
+    def set_pending(self, items: list[list[Any]]) -> None:
+        """Replace the unpublished ops (a snapshot or a log replay found them)."""
+        self.pending, self._by_key = {}, {}
+        self.shards.clear_hidden()
+        for item in items:
+            self.hold(list(item))
+
+    def busy(self, table: str, key: str, origin: str) -> bool:
+        """``origin`` has an unpublished op on the key: the next op's pair would carry it."""
+        return (table, key, origin) in self._by_key
+
+    def unpublished(self, table: str, key: str, origin: str) -> list[list[Any]]:
+        """The key's unpublished ops of ``origin``, in the order they were applied."""
+        pending = self.pending
+        return [pending[op_id] for op_id in self._by_key.get((table, key, origin), ())]
+
+    def unpublished_keys(self) -> list[tuple[str, str, str]]:
+        return list(self._by_key)
+
+    def dedup(self, table: str) -> Any:
+        """The table's dedup, created on first use with the table's configured strategy."""
+        d = self.dedups.get(table)
+        if d is None:
+            cfg = self.config
+            d = self.dedups[table] = _dedup_module().make_dedup(
+                cfg.dedup_for(table), window=cfg.window, rate=cfg.rate,
+                target_fpp=cfg.target_fpp, clock=self.clock, max_bytes=cfg.max_dedup_bytes,
+            )
+        return d
+
+    def seen_or_add_many(self, items: Sequence[Sequence[Any]], table_at: int,
+                         id_at: int) -> list[bool]:
+        """Dedup check-and-insert for a batch (``item[id_at]`` in table ``item[table_at]``);
+        True marks a duplicate. One vectorised filter call per table where the strategy has one.
+        """
+        if len(items) == 1:
+            item = items[0]
+            return [self.dedup(item[table_at]).seen_or_add(item[id_at].encode())]
+        tables = {item[table_at] for item in items}
+        if len(tables) == 1:
+            return _many(self.dedup(tables.pop()), [item[id_at].encode() for item in items])
+        out = [False] * len(items)
+        by_table: dict[str, list[int]] = {}
+        for i, item in enumerate(items):
+            by_table.setdefault(item[table_at], []).append(i)
+        for table, idx in by_table.items():
+            flags = _many(self.dedup(table), [items[i][id_at].encode() for i in idx])
+            for i, flag in zip(idx, flags, strict=True):
+                out[i] = flag
+        return out
+
+    def window(self, table: str) -> float:
+        """Seconds within which a retry on ``table`` is recognised (the node's op_expired limit)."""
+        d = self.dedups.get(table)
+        return float(d.window) if d is not None else self.config.window
+
+    def replay(self, op_id: str, table: str, key: str, origin: str, p: int, n: int,
+               ts: float) -> None:
+        """Re-apply one logged record: merge the pair, remember the id while its window lasts."""
+        self.shards.merge_pair(table, key, origin, p, n)
+        if op_id:
+            d = self.dedup(table)
+            if self.clock() - ts <= max(d.window, self.config.window):
+                d.seen_or_add(op_id.encode())
+
+    def make_blob(self) -> bytes:
+        """Snapshot of everything; called synchronously at the log's rotation instant."""
+        return msgpack.packb({
+            "version": SNAPSHOT_VERSION,
+            "node": self.config.node_id,
+            "shards": self.shards.to_bytes(),
+            "dedup": {table: d.to_bytes() for table, d in self.dedups.items()},
+            "in_doubt": list(self.pending.values()),  # their APPLY records go with the segments
+            "withdrawn": {k: t for k, t in self.withdrawn.items()
+                          if t > self.clock() - 2 * self.config.window},
+        })
+
+    def load_blob(self, blob: bytes) -> None:
+        data = msgpack.unpackb(blob, strict_map_key=True)
+        if data.get("version") != SNAPSHOT_VERSION:
+            raise ValueError(f"snapshot version {data.get('version')} is not {SNAPSHOT_VERSION}")
+        self.shards = ShardStore.from_bytes(data["shards"], self.shards.own)
+        load = _dedup_module().load_dedup
+        self.dedups = {table: load(raw, clock=self.clock) for table, raw in data["dedup"].items()}
+        self.set_pending(list(data.get("in_doubt", [])))
+        self.withdrawn = dict(data.get("withdrawn", {}))
+
+    def dedup_bytes(self) -> int:
+        return sum(int(d.nbytes()) for d in self.dedups.values())
