@@ -50,6 +50,8 @@ class NodeServer:
         await self.stop()
 
     async def start(self) -> None:
+        """Recover, listen, then settle and catch up with the replicas, and only then serve
+        (READY): the order that keeps a restarted node from answering out of date."""
         started = time.monotonic()
         cfg = self.config
         try:
@@ -57,6 +59,33 @@ class NodeServer:
         except OSError as exc:  # not a directory, read-only, full disk: say so in one line
             why = _why(exc, str(cfg.data_dir))
             raise ConfigError(f"data_dir: cannot use {cfg.data_dir}: {why}") from exc
+        host, port = await self._listen()
+        self._freeze_recovered_state()
+        node = self.node
+        for link in node.links.values():
+            link.connect_soon()
+        node.use_detector()
+        self._tasks = [
+            asyncio.create_task(heartbeat_loop(node, node.detector, cfg.heartbeat_interval),
+                                name="heartbeats")]
+        await self._prepare()
+        self._tasks += [
+            asyncio.create_task(self._snapshot_loop(), name="snapshots"),
+            asyncio.create_task(self._sweep_loop(), name="sweep"),
+            asyncio.create_task(settle_loop(node, cfg.quorum_timeout), name="in-doubt"),
+            asyncio.create_task(antientropy_loop(node, cfg.antientropy_interval),
+                                name="anti-entropy")]
+        log.info("node ready", extra={"fields": {
+            "node": node.id, "address": f"{host}:{port}", "replayed": replayed,
+            "counters": node.state.shards.keys, "in_doubt": len(node.pending),
+            "recovery_s": round(time.monotonic() - started, 3)}})
+        if self.ready_stream is not None:
+            self.ready_stream.write(f"READY {node.id} {host}:{port}\n")
+            self.ready_stream.flush()
+
+    async def _listen(self) -> tuple[str, int]:
+        """The HTTP app and the port's listener (peers and clients); the bound address."""
+        cfg = self.config
         self.listener = listener = Listener(
             self._http_protocol, self.node.handle_peer, self._inbound, auth=self.node.auth,
             header_timeout=cfg.header_timeout,
@@ -81,23 +110,22 @@ class NodeServer:
         if not self.node.auth.enabled:
             log.warning("no --secret-file: peer traffic is not authenticated; anyone who can "
                         "reach this port can forge replication (tests and trusted hosts only)")
-        sockname = self._server.sockets[0].getsockname()
-        self.address = (host, sockname[1])
-        # Recovered state lives as long as the process: keep the cyclic GC from rescanning it,
-        # and collect the young generation less often (the hot path allocates many short-lived
-        # containers, none of them cyclic).
+        self.address = (host, self._server.sockets[0].getsockname()[1])
+        return self.address
+
+    @staticmethod
+    def _freeze_recovered_state() -> None:
+        """Recovered state lives as long as the process: keep the cyclic GC from rescanning it,
+        and collect the young generation less often (the hot path allocates many short-lived
+        containers, none of them cyclic)."""
         gc.collect()
         gc.freeze()
         gc.set_threshold(int(os.environ.get("IDC_GC_THRESHOLD", "20000")), 20, 100)
-        for link in self.node.links.values():
-            link.connect_soon()
-        node = self.node
-        node.use_detector()
-        self._tasks = [
-            asyncio.create_task(heartbeat_loop(node, node.detector, cfg.heartbeat_interval),
-                                name="heartbeats")]
-        # Settle in-doubt ops and pull the replicas' state before serving; replicas that do
-        # not answer in time are caught up later (the in-doubt ops stay pending meanwhile).
+
+    async def _prepare(self) -> None:
+        """Settle in-doubt ops and pull the replicas' state before serving; replicas that do
+        not answer in time are caught up later (the in-doubt ops stay pending meanwhile)."""
+        node, cfg = self.node, self.config
         try:
             await asyncio.wait_for(node.prepare(), cfg.reconcile_timeout)
         except TimeoutError:
@@ -106,19 +134,6 @@ class NodeServer:
         node.ready = True
         for link in node.links.values():
             link.forget_failure()
-        self._tasks += [
-            asyncio.create_task(self._snapshot_loop(), name="snapshots"),
-            asyncio.create_task(self._sweep_loop(), name="sweep"),
-            asyncio.create_task(settle_loop(node, cfg.quorum_timeout), name="in-doubt"),
-            asyncio.create_task(antientropy_loop(node, cfg.antientropy_interval),
-                                name="anti-entropy")]
-        log.info("node ready", extra={"fields": {
-            "node": self.node.id, "address": f"{host}:{sockname[1]}", "replayed": replayed,
-            "counters": self.node.state.shards.keys, "in_doubt": len(node.pending),
-            "recovery_s": round(time.monotonic() - started, 3)}})
-        if self.ready_stream is not None:
-            self.ready_stream.write(f"READY {self.node.id} {host}:{sockname[1]}\n")
-            self.ready_stream.flush()
 
     def _http_protocol(self) -> asyncio.Protocol:
         assert self._runner is not None and self._runner.server is not None

@@ -24,6 +24,27 @@ def render(res: ChaosResult) -> str:
                                        or "none"))
     for name, why in res.skipped.items():
         lines.append(f"  skipped {name}: {why}")
+    lines += _counts(res)
+    lines += _finals(res)
+    lines += ["", f"over-count {r.over_count}   under-count {r.under_count}   "
+                  f"cluster healthy after heal: {'yes' if res.healthy else 'NO'}"]
+    if res.valid:
+        lines.append("RESULT: VALID - every read in bounds, final values exact, replicas agree")
+    else:
+        lines.append("RESULT: INVALID")
+        for p in r.problems:
+            lines.append(f"  - {p}")
+        if not res.healthy:
+            lines.append("  - some node did not answer /v1/health after healing")
+    lines.append(f"history: {res.history_path}")
+    lines.append("=" * 72)
+    return "\n".join(lines)
+
+
+def _counts(res: ChaosResult) -> list[str]:
+    """Ops, reads, retries, latency, client errors and the faults the proxies injected."""
+    r = res.report
+    lines: list[str] = []
     s = res.client_stats
     lines += [
         "",
@@ -50,6 +71,13 @@ def render(res: ChaosResult) -> str:
     if hits:
         lines.append("faults injected by proxies: "
                      + ", ".join(f"{k} {v}" for k, v in sorted(hits.items())))
+    return lines
+
+
+def _finals(res: ChaosResult) -> list[str]:
+    """The final reads, one line per key (the first 20)."""
+    r = res.report
+    lines: list[str] = []
     lines += ["", "final reads (after heal, consistency=one on every node):"]
     conv = sum(1 for f in r.finals if f.converged)
     agreed = (f"agreed after {res.converged_after_s} s" if res.converged_after_s is not None
@@ -65,19 +93,7 @@ def render(res: ChaosResult) -> str:
         mark = "ok " if f.valid else "BAD"
         lines.append(f"  {mark} {f.key:<14} {vals:<36} acked {f.acknowledged:<6} "
                      f"+subset of {f.indeterminate} unknown -> {rng}")
-    lines += ["", f"over-count {r.over_count}   under-count {r.under_count}   "
-                  f"cluster healthy after heal: {'yes' if res.healthy else 'NO'}"]
-    if res.valid:
-        lines.append("RESULT: VALID - every read in bounds, final values exact, replicas agree")
-    else:
-        lines.append("RESULT: INVALID")
-        for p in r.problems:
-            lines.append(f"  - {p}")
-        if not res.healthy:
-            lines.append("  - some node did not answer /v1/health after healing")
-    lines.append(f"history: {res.history_path}")
-    lines.append("=" * 72)
-    return "\n".join(lines)
+    return lines
 
 
 def _ranges(ranges: list[tuple[int, int]]) -> str:

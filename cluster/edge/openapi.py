@@ -44,6 +44,7 @@ def _error(description: str, codes: list[str], headers: dict[str, Any] | None = 
 
 
 def _schemas(max_batch_ops: int, max_op_id_bytes: int) -> dict[str, Any]:
+    # One literal, long on purpose: the schemas read top to bottom as the document they become.
     name = {
         "type": "string",
         "pattern": NAME_PATTERN,
@@ -287,6 +288,7 @@ def spec(
     """The OpenAPI 3.0.3 document of the client API, stating these limits (NodeConfig's
     defaults unless given) and whether a bearer token is required (the node has a
     ``token_file``); a new dict on every call."""
+    # Long on purpose, like _schemas: one literal that reads as the document it becomes.
     # Below aiohttp, any request can get 408 (headers too slow) or 429 (too many connections).
     edge = ("RequestTimeout", "TooManyRequests")
     write_errors = ("BadRequest", "Unauthorized", "TooLarge", *edge)

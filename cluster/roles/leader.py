@@ -163,7 +163,7 @@ class Leader:
     async def _lead_admitted(self, ops: list[Op]) -> list[int]:
         statuses, own, groups, dup_waits = self._apply_batch(ops)
         if own is not None:
-            waits = [self._replicate(targets, items, own) for targets, items in groups.items()]
+            waits = [self.replicate(targets, items, own) for targets, items in groups.items()]
             results = await asyncio.gather(*waits)
             ok_by_group = dict(zip(groups, results, strict=True))
             if not all(results):
@@ -227,13 +227,19 @@ class Leader:
             targets = self._targets[prefs] = tuple(t for t in prefs if t != self.id)
         return targets
 
-    def _replicate(self, targets: tuple[str, ...], items: list[list[Any]],
-                   own: asyncio.Future[None]) -> asyncio.Future[bool]:
+    def replicate(self, targets: tuple[str, ...], items: list[list[Any]],
+                  own: asyncio.Future[None] | None = None) -> asyncio.Future[bool]:
         """True once the op is durable here AND on W-1 other replicas: the leader's own copy is
-        required, so an acked op is always in its leader's log (never in a torn tail).
+        required, so an acked op is always in its leader's log (never in a torn tail). ``own``
+        is the append of its records, None when they are in the log already (a publication of
+        an in-doubt op, ``cluster.roles.settle``). On success the ops are published: visible
+        here (``release``) and a PUBLISHED record each.
 
         Synchronous on purpose: the ids are registered as in flight before anything else can
         run, so a duplicate arriving meanwhile waits for this outcome."""
+        if own is None:
+            own = asyncio.get_running_loop().create_future()
+            own.set_result(None)
         remote = [self.links[t].call(Kind.REPLICATE, items) for t in targets]
         for t, fut in zip(targets, remote, strict=True):
             fut.add_done_callback(functools.partial(self._hint_on_failure, t, items))

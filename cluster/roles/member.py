@@ -122,8 +122,9 @@ class Node:
     def release(self, op_ids: Iterable[str]) -> None:
         self.leader.release(op_ids)
 
-    def published(self, items: list[list[Any]]) -> None:
-        self.leader.published(items)
+    def replicate(self, targets: tuple[str, ...], items: list[list[Any]]
+                  ) -> asyncio.Future[bool]:
+        return self.leader.replicate(targets, items)
 
     def learn(self, table: str, key: str, op_id: str, entry: CounterEntry) -> None:
         self.replica.learn(table, key, op_id, entry)

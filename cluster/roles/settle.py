@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from cluster.core.shards import CounterEntry
 from cluster.roles import checks
 from cluster.roles.checks import BUSY, CLAIM, HELD, IN_DOUBT, WITHDRAWN, consume, release_claims
-from cluster.roles.quorum import quorum_future
 from cluster.transport.wire import Kind
 from cluster.wal import RecordKind, make_record
 
@@ -38,7 +37,8 @@ class Node(checks.Node, Protocol):
 
     def release(self, op_ids: Iterable[str]) -> None: ...
 
-    def published(self, items: list[list[Any]]) -> None: ...
+    def replicate(self, targets: tuple[str, ...], items: list[list[Any]]
+                  ) -> asyncio.Future[bool]: ...
 
     def targets_of(self, table: str, key: str) -> tuple[str, ...]: ...
 
@@ -167,26 +167,12 @@ async def _publish(node: Node, table: str, key: str, origin: str,
         else:
             n -= item[6]
     sent = [[item[0], table, key, origin, p, n, item[6], item[7]] for item in run]
-    targets = node.targets_of(table, key)
-    remote = [node.links[t].call(Kind.REPLICATE, sent) for t in targets]
-    done = quorum_future(remote, node.config.quorum - 1, node.config.quorum_timeout)
-    # In flight meanwhile: a replica settling its own copy of the op waits (BUSY) for this
-    # outcome instead of taking the op for merely in doubt here, and a retry waits for it too.
-    inflight = node.inflight
-    for item in run:
-        inflight.setdefault(item[0], done)
-    try:
-        ok = await done
-    finally:
-        for item in run:
-            if inflight.get(item[0]) is done:
-                del inflight[item[0]]
+    # The leader's own replicate: in flight meanwhile (a replica settling its own copy of the
+    # op waits, BUSY, for this outcome, and so does a retry), published on success.
+    ok = await node.replicate(node.targets_of(table, key), sent)
     if ok:
-        live = [item for item in run if item[0] in node.pending]
-        node.release([item[0] for item in live])
-        node.published(live)
-        node.metrics.published_late += len(live)
-        for item in live:
+        node.metrics.published_late += len(sent)
+        for item in sent:
             # Say so when asked, like an op applied after a check: a replica that also holds it
             # in doubt (and deferred to this one, the lower id) must then withdraw, and the
             # entries anti-entropy merged meanwhile no longer tell the two applications apart.
