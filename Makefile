@@ -35,10 +35,30 @@ figures: $(STAMP)
 .PHONY: compose-secret
 compose-secret: compose/cluster_secret
 
-compose/cluster_secret: | $(STAMP)
-	$(BIN)/python -c "from cluster.auth import write_secret; write_secret('$@')"
+# Python's standard library only (no venv): what cluster.auth.write_secret writes.
+SECRET_PY := import os, secrets, sys; \
+	fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600); \
+	os.write(fd, secrets.token_urlsafe(32).encode() + b"\n"); os.close(fd)
+
+compose/cluster_secret:
+	$(PY) -c '$(SECRET_PY)' $@
 	@echo "created $@ (mode 600); the nodes run as uid 10001: with a Linux engine also run" \
 		"'sudo chown 10001 $@' (compose/README.md)"
+
+# The Kubernetes Secret's file (deploy/k8s/kustomization.yaml's secretGenerator; not in git).
+.PHONY: k8s-secret
+k8s-secret: deploy/k8s/cluster_secret
+
+deploy/k8s/cluster_secret:
+	$(PY) -c '$(SECRET_PY)' $@
+	@echo "created $@; kubectl apply -k deploy/k8s turns it into the Secret (docs/containers.md)"
+
+# compose/docker-compose.yml under a real engine, end to end (build, up, healthy, chaos through
+# the proxies, kill -9 and pause of node containers, restart policy, down -v): compose/check.py.
+# Needs docker and docker-compose (or the compose plugin); not part of `make test`.
+.PHONY: compose-check
+compose-check: $(STAMP)
+	$(BIN)/python compose/check.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -229,6 +229,11 @@ def run(config: NodeConfig) -> int:
 
     async def main() -> None:
         server = NodeServer(config, ready_stream=sys.stdout)
+        # Handlers before start: READY is printed inside start(), and a SIGTERM sent right after
+        # it (a launcher stopping the nodes it started) must drain and exit 0, not kill.
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, server.request_stop)
         try:
             await server.start()
         except BaseException:

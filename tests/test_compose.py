@@ -10,7 +10,7 @@
 2. Drift: the exact entrypoint + command of every service is translated by ``translate``
    (service host names and 0.0.0.0/127.0.0.1 to 127.0.0.1, each (service, port) to a free
    local port, volume mount targets to temp dirs, each compose secret's /run/secrets path to a
-   temp file written by ``cluster.auth.write_secret``), started as local processes in
+   temp file written by ``cluster.transport.auth.write_secret``), started as local processes in
    depends_on order, each waited for with its own translated healthcheck, and the chaos
    service's command runs (shortened with later flags) until its checker says valid with equal
    final reads; every node's /metrics then shows its peers authenticated with the secret. A
@@ -549,7 +549,7 @@ def test_compose_commands_run_as_local_processes(tmp_path: Path) -> None:
     plan = make_plan(compose, tmp_path, _free_ports())
     for d in plan.volumes.values():
         d.mkdir(parents=True)
-    from cluster.auth import write_secret
+    from cluster.transport.auth import write_secret
 
     for secret_file in plan.secrets.values():  # what `make compose-secret` makes, mode 600
         secret_file.parent.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,9 @@ nemesis schedule plays; then heal, wait for quiet, read every replica, check lik
     python -m client.chaos --duration 20 --nemesis lost-ack,duplicate,kill
     python -m client.chaos --nodes http://h1:7101,http://h2:7101   # given nodes (no process
                                                                    # or peer faults)
+    python -m client.chaos --nodes http://127.0.0.1:19101,... --compose-project idemcount
+                                                          # a compose cluster: kill and pause
+                                                          # its node containers (docker CLI)
     python -m client.chaos --check chaos-out/history.jsonl     # re-check a recorded history
     python -m client.chaos --data-dir d --out o; python -m client.chaos --check o/history.jsonl \
         --explain d                                       # which node applied each double
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import secrets
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -57,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--data-dir", default=None,
                    help="keep the local nodes' data and logs (<id>.log) here after the run "
                         "(default: a temporary directory, deleted)")
+    g.add_argument("--compose-project", default=None, metavar="NAME",
+                   help="with --nodes URLS of a docker-compose cluster: the project whose node "
+                        "containers kill and pause act on, through the docker CLI (services "
+                        "named as the node ids, as in compose/)")
     g.add_argument("--no-peer-proxies", action="store_true",
                    help="let nodes talk directly (no partitions)")
     w = ap.add_argument_group("workload")
@@ -65,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--rate", type=float, default=200.0, help="target ops/s in total")
     w.add_argument("--duration", type=float, default=30.0, help="seconds of workload")
     w.add_argument("--keys", type=int, default=8)
+    w.add_argument("--table", default=None,
+                   help="table the workload counts in; the checker takes every counter to start "
+                        "at 0 (default: 'chaos' on a fresh local cluster; with --nodes URLS a "
+                        "new 'chaos-<random>' per run, so runs against one cluster never share "
+                        "counters)")
     w.add_argument("--mix", type=_mix, default=(0.7, 0.2, 0.1), help="INCR,DECR,READ weights")
     w.add_argument("--max-delta", type=int, default=3)
     w.add_argument("--attempt-timeout", type=float, default=0.5)
@@ -112,7 +125,9 @@ def config_from_args(args: argparse.Namespace) -> ChaosConfig:
                         duration=args.duration, keys=args.keys, incr=inc, decr=dec, read=read,
                         max_delta=args.max_delta, attempt_timeout=args.attempt_timeout,
                         total_timeout=args.total_timeout, batch_interval=args.batch_interval,
-                        coalesce=args.coalesce, send_age=not args.no_age)
+                        coalesce=args.coalesce, send_age=not args.no_age,
+                        table=args.table or ("chaos" if not urls else
+                                             f"chaos-{secrets.token_hex(4)}"))
     if args.data_dir and any(Path(args.data_dir).glob("*/incarnation")):
         # the nodes would start from that state: counts of an earlier run, reported as over
         raise ValueError(f"--data-dir {args.data_dir} holds the nodes of an earlier run; "
@@ -126,7 +141,7 @@ def config_from_args(args: argparse.Namespace) -> ChaosConfig:
                        repair_reads=args.repair_reads, out_dir=args.out, seed=args.seed,
                        progress=not args.no_progress,
                        proxy_peers=False if args.no_peer_proxies else None,
-                       data_dir=args.data_dir)
+                       data_dir=args.data_dir, compose_project=args.compose_project)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,8 +11,10 @@ one fault at a time, going round the chosen nemeses in a shuffled order so every
                     races its retry at another coordinator) and reordered
     reset           connections reset (TCP RST) shortly after they open
     down            one node's client proxy down (connections closed and refused), then up
-    kill            kill -9 one node, restart it on the same data directory at heal
-    pause           SIGSTOP one node, SIGCONT at heal (it then sends stale messages)
+    kill            kill -9 one node, restart it on the same data directory at heal (with
+                    --compose-project: docker kill -s KILL, docker start)
+    pause           SIGSTOP one node, SIGCONT at heal (it then sends stale messages; with
+                    --compose-project: docker pause, docker unpause)
     partition       peer links cut (down or blackholed): one node isolated, a minority from a
                     majority, a bridge node seeing both halves, or one node cut one way
     peer-messages   peer frames dropped, duplicated, delayed and reordered; replication acks lost
@@ -40,7 +42,7 @@ class Nemesis(ABC):
 
     def missing(self, topo: Topology) -> str | None:
         if self.needs == "processes" and not topo.can_control_processes:
-            return "needs a local cluster (not --nodes)"
+            return "needs a local cluster, or --nodes with --compose-project"
         if self.needs == "peer-links" and not topo.peer_links:
             return ("needs peer links through proxies: the node has no --connect-via flag yet"
                     if not topo.external else "needs a local cluster (not --nodes)")
@@ -168,12 +170,12 @@ class Pause(Nemesis):
 
     async def start(self, topo: Topology, rng: random.Random) -> dict[str, Any]:
         victim = rng.choice(topo.ids)
-        topo.pause(victim)
+        await topo.pause(victim)
         return {"node": victim}
 
     async def stop(self, topo: Topology) -> None:
         for node_id in list(topo.paused):
-            topo.resume(node_id)
+            await topo.resume(node_id)
 
 
 def partition_pairs(ids: Sequence[str], shape: str,

@@ -30,7 +30,8 @@ class ChaosConfig:
     repair_reads: read every key at consistency=all once before the final reads (helps the
     cluster converge by read repair; off by default so the report shows what it does alone);
     data_dir: where local nodes keep their logs and data, kept after the run (default: a
-    temporary directory, deleted)."""
+    temporary directory, deleted); compose_project: with ``urls``, the docker-compose project
+    whose node containers the process faults (kill, pause) act on."""
 
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     nodes: int = 3
@@ -47,6 +48,7 @@ class ChaosConfig:
     progress: bool = True
     proxy_peers: bool | None = None
     data_dir: str | None = None
+    compose_project: str | None = None
 
 
 @dataclass(slots=True)
@@ -86,7 +88,8 @@ async def run_chaos(cfg: ChaosConfig) -> ChaosResult:
     try:
         async with Topology(nodes=cfg.nodes, rf=cfg.rf, urls=cfg.urls, node_args=cfg.node_args,
                             proxy_peers=cfg.proxy_peers, seed=rng.randrange(1 << 30),
-                            data_dir=cfg.data_dir) as topo:
+                            data_dir=cfg.data_dir,
+                            compose_project=cfg.compose_project) as topo:
             nemeses, skipped = choose(cfg.nemeses, topo)
             workload = Workload(cfg.workload, topo.client_urls, history,
                                 seed=rng.randrange(1 << 30))

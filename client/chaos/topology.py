@@ -1,6 +1,8 @@
 """The system under test: nodes (local processes or given URLs), an HTTP proxy in front of every
 node's client port and, when the node supports ``--connect-via``, a peer proxy on every directed
 link (n1->n2 is one proxy, n2->n1 another), so partitions cut exactly the links they name.
+Given URLs of a docker-compose cluster and its project name, the process faults (kill, pause)
+act on the node containers instead (``client.chaos.containers``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import aiohttp
 
+from client.chaos.containers import ComposeNodes
 from client.config import normalize_url
 from client.proxy import Proxy, ProxyServer
 from cluster.local import LocalCluster, NodeProcess, free_ports
@@ -36,8 +39,12 @@ class Topology:
 
     def __init__(self, *, nodes: int = 3, rf: int = 3, urls: Sequence[str] = (),
                  node_args: Sequence[str] = (), proxy_peers: bool | None = None,
-                 seed: int | None = None, data_dir: str | None = None) -> None:
+                 seed: int | None = None, data_dir: str | None = None,
+                 compose_project: str | None = None) -> None:
         self.external = [normalize_url(u) for u in urls]
+        if compose_project and not self.external:
+            raise ValueError("--compose-project needs --nodes URLS (the compose cluster's)")
+        self.containers = ComposeNodes(compose_project) if compose_project else None
         self.n = len(self.external) or nodes
         self.rf = rf
         self.node_args = list(node_args)
@@ -61,7 +68,7 @@ class Topology:
 
     @property
     def can_control_processes(self) -> bool:
-        return self.cluster is not None
+        return self.cluster is not None or self.containers is not None
 
     @property
     def client_urls(self) -> list[str]:
@@ -79,6 +86,8 @@ class Topology:
         try:
             if self.external:
                 await self._adopt_external()
+                if self.containers is not None:
+                    await self.containers.resolve(list(self.node_urls))
             else:
                 await self._start_local()
             for node_id, url in self.node_urls.items():
@@ -123,8 +132,10 @@ class Topology:
     async def stop(self) -> None:
         try:
             for node_id in list(self.paused):
-                self._signal(node_id, signal.SIGCONT)
-            self.paused.clear()
+                await self.resume(node_id)
+            if self.containers is not None:  # leave the compose cluster as it was found
+                for node_id in list(self.killed):
+                    await self.containers.start(node_id)
             await self.proxies.stop()
         finally:
             if self.cluster is not None:
@@ -151,19 +162,35 @@ class Topology:
         await self.client_proxies[node_id].disable()
         self.paused.discard(node_id)
         self.killed.add(node_id)
-        await self.node(node_id).kill()
+        if self.containers is not None:
+            await self.containers.kill(node_id)
+        else:
+            await self.node(node_id).kill()
 
     async def restart(self, node_id: str) -> None:
-        await self.node(node_id).start(timeout=60.0)
+        """Start a killed node on its data and wait until it serves (READY, or for a container
+        ``/v1/ready``)."""
+        if self.containers is not None:
+            await self.containers.start(node_id)
+            if not await self.wait_ready(node_id, timeout=90.0):
+                raise RuntimeError(f"{node_id}: container started, not ready within 90 s")
+        else:
+            await self.node(node_id).start(timeout=60.0)
         self.killed.discard(node_id)
         await self.client_proxies[node_id].enable()
 
-    def pause(self, node_id: str) -> None:
-        self._signal(node_id, signal.SIGSTOP)
+    async def pause(self, node_id: str) -> None:
+        if self.containers is not None:
+            await self.containers.pause(node_id)
+        else:
+            self._signal(node_id, signal.SIGSTOP)
         self.paused.add(node_id)
 
-    def resume(self, node_id: str) -> None:
-        self._signal(node_id, signal.SIGCONT)
+    async def resume(self, node_id: str) -> None:
+        if self.containers is not None:
+            await self.containers.unpause(node_id)
+        else:
+            self._signal(node_id, signal.SIGCONT)
         self.paused.discard(node_id)
 
     # -- network faults --------------------------------------------------------------------
@@ -189,7 +216,7 @@ class Topology:
     async def heal(self) -> None:
         """Every toxic off, every proxy up, every paused node resumed, every killed node back."""
         for node_id in list(self.paused):
-            self.resume(node_id)
+            await self.resume(node_id)
         await self.proxies.reset()
         for node_id in list(self.killed):
             await self.restart(node_id)
@@ -202,6 +229,19 @@ class Topology:
                 return False
             await asyncio.sleep(0.1)
         return True
+
+    async def wait_ready(self, node_id: str, timeout: float) -> bool:
+        """Until the node's ``/v1/ready`` answers 200 (settled and serving)."""
+        deadline = time.monotonic() + timeout
+        url = self.node_urls[node_id]
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as s:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                    async with s.get(f"{url}/v1/ready") as resp:
+                        if resp.status == 200:
+                            return True
+                await asyncio.sleep(0.2)
+        return False
 
     def proxy_counters(self) -> dict[str, dict[str, int]]:
         return {name: dict(p.counters) for name, p in self.proxies.proxies.items()}

@@ -63,6 +63,12 @@ _MASK = (1 << 64) - 1
 _CHUNK = 2000
 
 
+def _failure_level(node: object) -> int:
+    """Debug while the node starts (before ready its peers are often still starting and refuse
+    connections: nodes started together would each log every one of them), info after."""
+    return logging.INFO if getattr(node, "ready", True) else logging.DEBUG
+
+
 def bucket_of(table: str, key: str) -> int:
     return mmh3.hash(f"{table}/{key}", _SEED, signed=False) % BUCKETS
 
@@ -146,7 +152,8 @@ async def sync_all(node: Node, peers: list[str] | None = None) -> None:
         try:
             await sync_with(node, peer)
         except Exception as exc:  # noqa: BLE001 - the next round tries again
-            log.info("anti-entropy with %s failed: %r", peer, exc)
+            # a peer still starting refuses connections: routine while this node starts too
+            log.log(_failure_level(node), "anti-entropy with %s failed: %r", peer, exc)
 
 
 async def antientropy_loop(node: Node, interval: float, tick: float = 1.0) -> None:
@@ -208,7 +215,7 @@ async def pull_dedup(node: Node) -> int:
             blobs = (await asyncio.wait_for(link.call(Kind.DEDUP, [[]]),
                                             node.config.quorum_timeout * 2))[0]
         except Exception as exc:  # noqa: BLE001 - a peer that is down has nothing to give
-            log.info("dedup pull from %s failed: %r", peer, exc)
+            log.log(_failure_level(node), "dedup pull from %s failed: %r", peer, exc)
             continue
         for table, blob in blobs.items():
             merged += merge_dedup(node, table, blob)
