@@ -16,19 +16,12 @@ from cluster.core.config import NodeConfig
 from cluster.core.shards import ShardStore
 
 SNAPSHOT_VERSION = 1
-_VECTOR_MIN = 12  # below this, numpy's fixed cost outweighs its per-item gain (measured)
 
 
 def _many(dedup: Any, ids: list[bytes]) -> list[bool]:
-    """Batch ``seen_or_add``: the strategy's own batch call if it has one, the plain FBF's
-    vectorised ``add_many`` (the same answers as one-by-one adds), else a loop."""
-    many = getattr(dedup, "seen_or_add_many", None)
-    if many is not None:
-        return list(many(ids))
-    if len(ids) >= _VECTOR_MIN and getattr(dedup, "name", "") == "fbf":
-        return (~dedup.filter.add_many(ids)).tolist()
-    seen = dedup.seen_or_add
-    return [seen(x) for x in ids]
+    """Batch ``seen_or_add``: every strategy has ``seen_or_add_many`` (``cluster.core.dedup``'s
+    ``Dedup`` protocol; ``OneByOne`` loops for those with no batch path)."""
+    return list(dedup.seen_or_add_many(ids))
 
 
 def _dedup_module() -> Any:
