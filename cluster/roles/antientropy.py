@@ -43,6 +43,7 @@ class Node(Protocol):
     state: NodeState
     links: dict[str, PeerLink]
     metrics: NodeMetrics
+    ready: bool
 
     @property
     def behind(self) -> set[str]: ...
@@ -63,10 +64,10 @@ _MASK = (1 << 64) - 1
 _CHUNK = 2000
 
 
-def _failure_level(node: object) -> int:
+def _failure_level(node: Node) -> int:
     """Debug while the node starts (before ready its peers are often still starting and refuse
     connections: nodes started together would each log every one of them), info after."""
-    return logging.INFO if getattr(node, "ready", True) else logging.DEBUG
+    return logging.INFO if node.ready else logging.DEBUG
 
 
 def bucket_of(table: str, key: str) -> int:
