@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from cluster.core.dedup import DLeftCountingDedup, load_dedup, make_dedup
 from cluster.core.dedup.dleft import DLeftHash
 from cluster.core.dedup.dleft_counting import FULL
+from cluster.core.dedup.dleft_vector import SMALL_BATCH
 from cluster.core.dedup.dleft_window import DLeftWindowFilter, window_shape
 from cluster.core.hashing import SEED, _murmur
 
@@ -119,6 +120,22 @@ def test_sweep_clears_expired_cells_and_a_long_idle_clears_all() -> None:
     assert np.count_nonzero(f.cells) == 0
 
 
+@pytest.mark.parametrize("rbits,tag_bits", [(13, 3), (9, 7), (1, 15), (25, 7)])
+def test_sweep_clears_exactly_the_cells_past_the_window(rbits: int, tag_bits: int) -> None:
+    f = DLeftWindowFilter(1, 1, 1, rbits, tag_bits, window=1.0, clock=FakeClock())
+    P = f.P
+    tags = np.arange(P + 1)
+    cells = np.where(tags == 0, 0, (1 << f.e) | tags).astype(f.cells.dtype)
+    for ctag in sorted({1, 2, P // 2, P - 1, P}):
+        for shift in sorted({1, f.S - 1, f.S, f.E}):
+            f.cells = cells.copy()
+            f.c = len(cells)
+            f._ctag = ctag
+            f._sweep(0, 1, shift)
+            age = (ctag + P - tags) % P
+            assert np.array_equal(f.cells != 0, (tags != 0) & (age + shift <= f.E))
+
+
 def test_overflow_goes_to_the_stash_and_is_still_remembered() -> None:
     clock = FakeClock()
     f = DLeftWindowFilter(d=2, buckets=2, cells=2, rbits=20, tag_bits=6, window=1.0, clock=clock)
@@ -157,6 +174,75 @@ def test_batch_vector_path_agrees_with_the_loop() -> None:
         cb.t += 0.3
         assert a.seen_or_add_many(batch) == [b.seen_or_add(x) for x in batch]
     assert a == b  # same live (fingerprint, epoch) content, wherever the cells are
+
+
+table_shapes = st.tuples(st.integers(1, 4), st.integers(1, 6), st.sampled_from([1, 2, 4, 8]),
+                         st.integers(3, 9), st.integers(3, 6))
+batches = st.lists(st.tuples(st.floats(0.0, 0.4),
+                             st.lists(st.integers(0, 150), min_size=SMALL_BATCH, max_size=90)),
+                   min_size=1, max_size=8)
+
+
+@settings(max_examples=120, deadline=None)
+@given(table_shapes, batches)
+def test_batch_equals_the_loop_on_crowded_tables(shape: tuple[int, int, int, int, int],
+                                                  steps: list[tuple[float, list[int]]]) -> None:
+    """Tiny tables and few remainder bits: batch-mates share buckets and fingerprints, buckets
+    fill (expire-or-stash), own cells go stale across windows; answers and live content match
+    the loop after every batch, and so do lookups, one by one and vectorised."""
+    d, buckets, cells, rbits, tag_bits = shape
+    ca, cb = FakeClock(), FakeClock()
+    a = DLeftWindowFilter(d, buckets, cells, rbits, tag_bits, window=1.0, clock=ca)
+    b = DLeftWindowFilter(d, buckets, cells, rbits, tag_bits, window=1.0, clock=cb)
+    universe = [f"h:{i}".encode() for i in range(151)]
+    for dt, picks in steps:
+        ca.t += dt
+        cb.t += dt
+        batch = [universe[i] for i in picks]
+        assert a.seen_or_add_many(batch) == [b.seen_or_add(x) for x in batch]
+        assert a == b and a.live() == b.live()
+        assert np.count_nonzero(a.cells) + len(a.stash) >= a.live()
+    probe = universe[:80]
+    assert a.contains_many(probe).tolist() == [x in b for x in probe]
+
+
+@settings(max_examples=60, deadline=None)
+@given(table_shapes, batches, batches)
+def test_merge_holds_the_union_at_the_later_epoch(shape: tuple[int, int, int, int, int],
+                                                   a_steps: list[tuple[float, list[int]]],
+                                                   b_steps: list[tuple[float, list[int]]]) -> None:
+    d, buckets, cells, rbits, tag_bits = shape
+    clock = FakeClock()
+    fs = []
+    for steps in (a_steps, b_steps):
+        clock.t = 10_000.0
+        f = DLeftWindowFilter(d, buckets, cells, rbits, tag_bits, window=1.0, clock=clock)
+        for dt, picks in steps:
+            clock.t += dt
+            f.seen_or_add_many([f"u:{i}".encode() for i in picks])
+        fs.append(f)
+    clock.t = 10_000.0 + max(sum(dt for dt, _ in s) for s in (a_steps, b_steps))
+    a, b = fs
+    a.tick()
+    b.tick()
+    want: dict[int, int] = {}
+    for f in (a, b):
+        for x, ep in zip(*f.entries(), strict=True):
+            want[int(x)] = max(want.get(int(x), int(ep)), int(ep))
+    a.merge(b)
+    xs, eps = a.entries()
+    assert dict(zip(xs.tolist(), eps.tolist(), strict=True)) == want
+
+
+def test_batch_mates_choosing_one_bucket_fill_it_in_batch_order() -> None:
+    clock = FakeClock()
+    f = DLeftWindowFilter(d=1, buckets=1, cells=8, rbits=20, tag_bits=6, window=1.0, clock=clock)
+    batch = ids("one", 30)  # one bucket of 8 cells: 8 placed in rounds, 22 to the stash
+    assert not any(f.seen_or_add_many(batch))
+    assert np.count_nonzero(f.cells) == 8 and len(f.stash) == 22
+    placed = {int(c) >> f.e for c in f.cells}
+    assert placed == {f.x_of(x) & f.hash.rmask for x in batch[:8]}  # the first 8 got cells
+    assert all(f.seen_or_add_many(batch))
 
 
 def merged(*fs: DLeftWindowFilter) -> DLeftWindowFilter:

@@ -54,6 +54,8 @@ class DLeftHash:
         # odd 32-bit keys, one per subtable, fixed: every process derives the same
         self.keys = [(_splitmix(i) & MASK32) | 1 for i in range(d)]
         self._np_keys = [np.uint64(k) for k in self.keys]
+        self._key_col = np.array(self.keys, dtype=np.uint64)[:, None]  # (d, 1), for rows_np
+        self._row_base = (np.arange(d, dtype=np.uint64) * np.uint64(buckets))[:, None]
 
     def x_of(self, h1: int) -> int:
         return h1 % self.N
@@ -81,6 +83,17 @@ class DLeftHash:
         for i, k in enumerate(self._np_keys):
             buckets[i] = (u + ((v * k) & m32)) % B
         return buckets, v
+
+    def rows_np(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``place_np`` as rows of the (d * B, c) cell grid: ``i * B + bucket`` of shape (d, n),
+        intp (ready to index with), in one broadcast pass over the d subtables."""
+        u, v = x >> np.uint64(self.r), x & np.uint64(self.rmask)
+        rows = v * self._key_col  # (d, n); only the low 32 bits are used, so a wrap is harmless
+        rows &= np.uint64(MASK32)
+        rows += u
+        rows %= np.uint64(self.B)
+        rows += self._row_base
+        return rows.astype(np.intp), v
 
     def unplace_np(self, i: int, bucket: np.ndarray, rem: np.ndarray) -> np.ndarray:
         B = np.uint64(self.B)
