@@ -25,24 +25,15 @@ import mmh3
 import msgpack
 
 from cluster.core.shards import CounterEntry
+from cluster.roles.host import Host
 from cluster.transport.wire import Kind
 
 if TYPE_CHECKING:
-    from cluster.core.config import NodeConfig
-    from cluster.core.metrics import NodeMetrics
-    from cluster.core.ring import Ring
-    from cluster.roles.state import NodeState
-    from cluster.transport.peer import PeerLink
+    pass
 
 
-class Node(Protocol):
+class Node(Host, Protocol):
     """What anti-entropy, hinted handoff and the dedup pull need of their node."""
-
-    config: NodeConfig
-    ring: Ring
-    state: NodeState
-    links: dict[str, PeerLink]
-    metrics: NodeMetrics
     ready: bool
 
     @property

@@ -36,28 +36,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from cluster.core.shards import CounterEntry
 from cluster.roles.admission import needs_check
+from cluster.roles.host import Host
 from cluster.transport.wire import Kind, Status
 
 if TYPE_CHECKING:
-    from cluster.core.config import NodeConfig
-    from cluster.core.metrics import NodeMetrics
-    from cluster.core.ring import Ring
-    from cluster.roles.state import NodeState
-    from cluster.transport.peer import PeerLink
+    pass
 
 # A client op after validation: (table, key, op_id, delta, attempt)
 Op = tuple[str, str, str, int, int]
 
 
-class Node(Protocol):
+class Node(Host, Protocol):
     """What the checks need of their node."""
-
-    id: str
-    config: NodeConfig
-    ring: Ring
-    state: NodeState
-    links: dict[str, PeerLink]
-    metrics: NodeMetrics
     claims: Claims
     checked: Checked
 

@@ -12,25 +12,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from cluster.core.errors import Unavailable
 from cluster.core.shards import CounterEntry
+from cluster.roles.host import Host
 from cluster.transport.wire import Kind
 
 if TYPE_CHECKING:
-    from cluster.core.config import NodeConfig
-    from cluster.core.metrics import NodeMetrics
-    from cluster.core.ring import Ring
-    from cluster.roles.state import NodeState
-    from cluster.transport.peer import PeerLink
+    pass
 
 
-class Node(Protocol):
+class Node(Host, Protocol):
     """What a read needs of its node."""
-
-    id: str
-    config: NodeConfig
-    ring: Ring
-    state: NodeState
-    links: dict[str, PeerLink]
-    metrics: NodeMetrics
 
     def is_live(self, node: str) -> bool: ...
 
