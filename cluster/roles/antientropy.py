@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import mmh3
 import msgpack
@@ -27,9 +27,6 @@ import msgpack
 from cluster.core.shards import CounterEntry
 from cluster.roles.host import Host
 from cluster.transport.wire import Kind
-
-if TYPE_CHECKING:
-    pass
 
 
 class Node(Host, Protocol):

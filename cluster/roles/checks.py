@@ -32,15 +32,12 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from cluster.core.shards import CounterEntry
 from cluster.roles.admission import needs_check
 from cluster.roles.host import Host
 from cluster.transport.wire import Kind, Status
-
-if TYPE_CHECKING:
-    pass
 
 # A client op after validation: (table, key, op_id, delta, attempt)
 Op = tuple[str, str, str, int, int]

@@ -8,15 +8,12 @@ list. Every replica that answered with less than the merge gets the merged entry
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from cluster.core.errors import Unavailable
 from cluster.core.shards import CounterEntry
 from cluster.roles.host import Host
 from cluster.transport.wire import Kind
-
-if TYPE_CHECKING:
-    pass
 
 
 class Node(Host, Protocol):
