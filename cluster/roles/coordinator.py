@@ -65,7 +65,8 @@ class Coordinator:
         """Route every op to its leader (one FORWARD frame per leader); statuses in op order."""
         me = self.id
         if len(ops) == 1:
-            leader = self.ring.leader(ops[0].table, ops[0].key, self._is_live())
+            table, key, _op_id, _delta, _attempt = ops[0]
+            leader = self.ring.leader(table, key, self._is_live())
             if leader == me:
                 return await self._lead(ops)
             return await self._forward(leader, list(ops))
@@ -112,11 +113,11 @@ class Coordinator:
         is_live = self._is_live()
         out = [_UNAVAILABLE] * len(ops)
         groups: dict[str | None, list[int]] = {}
-        for i, op in enumerate(ops):
-            leader = self.ring.leader(op.table, op.key, lambda n: n != failed and is_live(n))
+        for i, (table, key, _op_id, _delta, _attempt) in enumerate(ops):
+            leader = self.ring.leader(table, key, lambda n: n != failed and is_live(n))
             groups.setdefault(leader, []).append(i)
         for leader, idx in groups.items():
-            sub = [ops[i]._replace(attempt=max(ops[i].attempt, 2)) for i in idx]
+            sub = [Op(t, k, o, d, max(a, 2)) for t, k, o, d, a in (ops[i] for i in idx)]
             if leader is None:
                 continue
             if leader == self.id:
