@@ -15,6 +15,15 @@ Rows (each timed in a loop of whole batches; the number is microseconds per op):
                        ts shared), fsync off/on; ``inline`` rows fsync on the loop thread
   unpublished          ``NodeState.hold`` + ``busy`` + ``release`` per op: the leader's
                        bookkeeping that keeps an op invisible until its quorum acks (issue 18)
+  leader apply batch   ``Leader._apply_batch`` (dedup ``none``, so ids may repeat; a log that
+                       only takes the columns) + ``Leader.release`` of the batch: the leader's
+                       synchronous apply without the encoding
+  replica merge batch  ``Replica._replicate_now`` of REPLICATE items as msgpack decodes them
+                       (lists), dedup ``fbf``, the same no-op log
+  forward unstamp      ``coordinator.unstamped``: FORWARD items (lists) back into ops
+  edge ops             ``check_batch`` of a decoded batch body, then the ops the edge submits
+  shape ...            (once ``cluster.core.ops`` exists) what building and reading the op's
+                       shapes costs: plain tuple/list vs ``Op``/``Item``, index vs attribute
 
 The FBF is sized like the cluster benchmark (``--rate 200000 --window 10``, fpp 1e-6).
 Rows for APIs that do not exist in the checked-out tree are skipped, so the same script
@@ -140,6 +149,128 @@ def bench_unpublished(sizes: list[int], seconds: float) -> dict[str, dict[int, f
     return rows
 
 
+class _NoLog:
+    """A log that takes the columns (or records) and writes nothing: the role code alone."""
+
+    def append_columns_nowait(self, *columns: Any) -> None:
+        return None
+
+    def append_nowait(self, records: Any) -> None:
+        return None
+
+
+def _roles_config(dedup: str) -> Any:
+    from cluster.core.config import from_mapping
+
+    return from_mapping({"node_id": "n1", "listen": "127.0.0.1:1", "data_dir": "/nonexistent",
+                         "peers": "n1=127.0.0.1:1,n2=127.0.0.1:2,n3=127.0.0.1:3",
+                         "dedup": dedup})
+
+
+def _op_shape() -> Callable[..., Any]:
+    """What the tree builds an op with: ``cluster.core.ops.Op`` once it exists, else a tuple."""
+    try:
+        from cluster.core.ops import Op
+    except ImportError:
+        return lambda *fields: fields
+    return Op
+
+
+def _leader(config: Any) -> Any:
+    from cluster.core.metrics import NodeMetrics
+    from cluster.core.ring import Ring
+    from cluster.roles.antientropy import Hints
+    from cluster.roles.checks import Claims
+    from cluster.roles.leader import Leader
+    from cluster.roles.state import NodeState
+
+    state = NodeState(config)
+    state.set_origin("n1@1")
+    ring = Ring([p[0] for p in config.peers], vnodes=config.vnodes, rf=config.rf)
+    return Leader(config, ring, state, _NoLog(), {}, NodeMetrics(),  # type: ignore[arg-type]
+                  Claims(), Hints(10), clock=time.time, spawn=lambda c: None,
+                  settle_key=None, settle_one=None, release_claims=None)  # type: ignore[arg-type]
+
+
+def bench_roles(sizes: list[int], seconds: float) -> dict[str, dict[int, float]]:
+    from cluster.core.metrics import NodeMetrics
+    from cluster.edge.validate import check_batch
+    from cluster.roles.checks import Claims
+    from cluster.roles.coordinator import unstamped
+    from cluster.roles.replica import Replica
+    from cluster.roles.state import NodeState
+
+    make_op = _op_shape()
+    leader = _leader(_roles_config("none"))
+    rstate = NodeState(_roles_config("fbf"))
+    rstate.set_origin("n1@1")
+    replica = Replica(rstate, _NoLog(), Claims(), NodeMetrics(),  # type: ignore[arg-type]
+                      clock=time.time)
+    try:
+        from cluster.edge.http_api import _as_ops as edge_ops
+    except ImportError:
+        def edge_ops(checked: list[Any]) -> list[Any]:
+            return [op[:5] for op in checked]
+    rows: dict[str, dict[int, float]] = {}
+    now, now_ms = time.time(), int(time.time() * 1000)
+    for b in sizes:
+        ops = [make_op("fbf_t", f"key-{i}", f"client-{i:012d}:op", 1, 1) for i in range(b)]
+        ids = [op[2] for op in ops]
+
+        def apply(ops: list[Any] = ops, ids: list[str] = ids) -> None:
+            leader._apply_batch(ops)
+            leader.release(ids)
+
+        rows.setdefault("leader apply batch + release", {})[b] = per_op_us(apply, b, seconds)
+        pool = itertools.cycle([
+            msgpack.unpackb(msgpack.packb([[f"client-{next(_ids):012d}:op", "fbf_t",
+                                            f"key-{i}", "n2@1", 1000 + i, 0, 1, now]
+                                           for i in range(b)]))
+            for _ in range(200)])
+        rows.setdefault("replica merge batch", {})[b] = per_op_us(
+            _each(replica._replicate_now, pool), b, seconds)
+        body = msgpack.unpackb(msgpack.packb([[*op, now_ms] for op in ops]))
+        rows.setdefault("forward unstamp", {})[b] = per_op_us(
+            lambda body=body: unstamped(body, 10_000), b, seconds)
+        batch = {"ops": [{"table": "fbf_t", "key": f"key-{i}", "op_id": f"c-{i}:op", "delta": 1}
+                         for i in range(b)]}
+        rows.setdefault("edge check_batch + ops", {})[b] = per_op_us(
+            lambda batch=batch: edge_ops(check_batch(batch, max_ops=1000, max_op_id_bytes=256)),
+            b, seconds)
+    return rows | _bench_shapes(sizes, seconds)
+
+
+def _bench_shapes(sizes: list[int], seconds: float) -> dict[str, dict[int, float]]:
+    try:
+        from cluster.core.ops import Item, Op
+    except ImportError:
+        return {}
+    rows: dict[str, dict[int, float]] = {}
+    now = time.time()
+    make_item = Item._make
+    for b in sizes:
+        fields = [("t", f"k{i}", f"c:{i}", 1, 1) for i in range(b)]
+        rows.setdefault("shape op: plain tuple", {})[b] = per_op_us(
+            lambda f=fields: [(t, k, o, d, a) for t, k, o, d, a in f], b, seconds)
+        rows.setdefault("shape op: Op(...)", {})[b] = per_op_us(
+            lambda f=fields: [Op(t, k, o, d, a) for t, k, o, d, a in f], b, seconds)
+        wire = [[f"c:{i}", "t", f"k{i}", "n1@1", i, 0, 1, now] for i in range(b)]
+        rows.setdefault("shape item: list literal", {})[b] = per_op_us(
+            lambda w=wire: [[o, t, k, r, p, n, d, s] for o, t, k, r, p, n, d, s in w], b,
+            seconds)
+        rows.setdefault("shape item: Item(...)", {})[b] = per_op_us(
+            lambda w=wire: [Item(o, t, k, r, p, n, d, s) for o, t, k, r, p, n, d, s in w], b,
+            seconds)
+        rows.setdefault("shape item: wire list -> Item._make", {})[b] = per_op_us(
+            lambda w=wire: list(map(make_item, w)), b, seconds)
+        items = list(map(make_item, wire))
+        rows.setdefault("shape item: read [0],[6] by index", {})[b] = per_op_us(
+            lambda w=items: [(x[0], x[6]) for x in w], b, seconds)
+        rows.setdefault("shape item: read .op_id,.delta", {})[b] = per_op_us(
+            lambda w=items: [(x.op_id, x.delta) for x in w], b, seconds)
+    return rows
+
+
 def bench_records(sizes: list[int], seconds: float) -> dict[str, dict[int, float]]:
     rows: dict[str, dict[int, float]] = {}
     pack = msgpack.Packer().pack
@@ -230,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="0.05 s cells (smoke run)")
     ap.add_argument("--seconds", type=float, default=0.3, help="per cell")
     ap.add_argument("--sizes", default="1,10,100")
-    ap.add_argument("--only", default="dedup,records,unpublished,append")
+    ap.add_argument("--only", default="dedup,records,unpublished,roles,append")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if args.quick:
@@ -244,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         rows |= bench_records(sizes, args.seconds)
     if "unpublished" in only:
         rows |= bench_unpublished(sizes, args.seconds)
+    if "roles" in only:
+        rows |= bench_roles(sizes, args.seconds)
     if "append" in only:
         rows |= bench_append(sizes, args.seconds * 3)
     width = max(len(r) for r in rows)

@@ -19,10 +19,11 @@ applied and unhidden once it is published, or once a compensation cancels it (``
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
 
 import msgpack
+
+from cluster.core.ops import ItemFields
 
 Pair = tuple[int, int]
 
@@ -164,12 +165,11 @@ class ShardStore:
             changed = True
         return changed
 
-    def merge_items(self, items: list[list[Any]]) -> None:
-        """``merge_pair`` for a replication batch of ``[op_id, table, key, origin, p, n, ...]``
-        items, with the lookups hoisted out of the loop."""
+    def merge_items(self, items: Sequence[ItemFields]) -> None:
+        """``merge_pair`` for a replication batch of items (``cluster.core.ops.Item``'s fields,
+        lists off the wire), with the lookups hoisted out of the loop."""
         tables, index = self._tables, self._index
-        for item in items:
-            table, key, origin, p, n = item[1], item[2], item[3], item[4], item[5]
+        for _op_id, table, key, origin, p, n, _delta, _ts in items:
             i = index.get(origin)
             if i is None:
                 i = self._origin(origin)

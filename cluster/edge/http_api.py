@@ -30,6 +30,7 @@ from cluster.core.errors import (
     Unavailable,
 )
 from cluster.core.metrics import render
+from cluster.core.ops import Op
 from cluster.edge.listener import Listener
 from cluster.edge.openapi import spec
 from cluster.edge.validate import (
@@ -42,7 +43,7 @@ from cluster.edge.validate import (
     is_msgpack,
 )
 from cluster.roles.admission import expired, stale_after_ms
-from cluster.roles.member import Node, Op
+from cluster.roles.member import Node
 from cluster.transport.auth import PeerAuth
 from cluster.transport.wire import Status
 
@@ -134,7 +135,13 @@ async def _read_body(request: web.Request) -> Any:
 
 
 def _expired(node: Node, op: CheckedOp) -> bool:
-    return expired(node.state.window(op[0]), op[5])
+    table, _key, _op_id, _delta, _attempt, age_ms = op
+    return expired(node.state.window(table), age_ms)
+
+
+def _as_ops(checked: list[CheckedOp]) -> list[Op]:
+    """The ops to submit: each checked op without its ``age_ms`` (used up by ``_expired``)."""
+    return [Op._make(op[:5]) for op in checked]
 
 
 async def post_counter(request: web.Request) -> web.Response:
@@ -148,9 +155,10 @@ async def post_counter(request: web.Request) -> web.Response:
                   stale_after_ms=stale_after_ms(node.config))
     if _expired(node, op):
         node.metrics.expired += 1
-        raise OpExpired(f"op is {op[5]} ms old; this node recognises retries for "
+        age_ms = op[5]
+        raise OpExpired(f"op is {age_ms} ms old; this node recognises retries for "
                         f"{node.state.window(table):g} s")
-    status = (await node.submit([op[:5]]))[0]
+    status = (await node.submit(_as_ops([op])))[0]
     if status == _UNAVAILABLE or status == int(Status.ERROR):
         raise Unavailable("write quorum not met in time; retry with the same op_id")
     if status == _OVERFLOW:
@@ -171,10 +179,9 @@ async def post_batch(request: web.Request) -> web.Response:
     live = [i for i, op in enumerate(ops) if not _expired(node, op)]
     node.metrics.expired += len(ops) - len(live)
     if len(live) == len(ops):
-        statuses = await node.submit([op[:5] for op in ops]) if ops else []
+        statuses = await node.submit(_as_ops(ops)) if ops else []
     elif live:
-        sub: list[Op] = [ops[i][:5] for i in live]
-        for i, s in zip(live, await node.submit(sub), strict=True):
+        for i, s in zip(live, await node.submit(_as_ops([ops[i] for i in live])), strict=True):
             statuses[i] = s
     if _wants_msgpack(request):
         return web.Response(body=msgpack.packb({"results": [_RESULTS[s] for s in statuses]}),

@@ -31,7 +31,9 @@ __all__ = ["CONSISTENCIES", "INT64_MAX", "INT64_MIN", "NAME_RE", "CheckedOp", "c
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # not in an op id: a log frame header needs a NUL
 
-# (table, key, op_id, delta, attempt, age_ms)
+# (table, key, op_id, delta, attempt, age_ms): the five fields of a ``cluster.core.ops.Op`` and
+# the op's age. A plain tuple, built in the batch's fast path; the edge (``http_api``) expires it
+# by its age and submits ``Op._make(checked[:5])``.
 CheckedOp = tuple[str, str, str, int, int, int]
 
 

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from cluster.core.ops import Op
 from cluster.transport.wire import Status
 from idc_contract import U64_MAX
 
@@ -31,9 +32,6 @@ if TYPE_CHECKING:
     from cluster.roles.state import NodeState
 
 log = logging.getLogger("cluster.admission")
-
-# A client op after validation: (table, key, op_id, delta, attempt)
-Op = tuple[str, str, str, int, int]
 
 _DUPLICATE, _UNAVAILABLE = int(Status.DUPLICATE), int(Status.UNAVAILABLE)
 _OVERFLOW = int(Status.OVERFLOW)
@@ -58,7 +56,8 @@ def needs_check(op: Op, degraded: bool) -> bool:
     may lead a key only because the primary is down, or be a primary that was cut off or
     paused while another replica led its keys (a copy held in its socket buffer would
     otherwise be applied a second time)."""
-    return op[4] > 1 or degraded
+    _table, _key, _op_id, _delta, attempt = op  # unpacked: a plain tuple works too
+    return attempt > 1 or degraded
 
 
 class Admission:
@@ -75,7 +74,7 @@ class Admission:
     def before_apply(self, ops: Sequence[Op]) -> dict[int, int]:
         """index -> the status of each op that must not be applied now; the others apply."""
         refused = self._claimed(ops) if self.leases or self.claims else {}
-        if self.near_limit or sum(abs(op[3]) for op in ops) >= SAFE_ENTRY:
+        if self.near_limit or sum(abs(delta) for _t, _k, _id, delta, _a in ops) >= SAFE_ENTRY:
             refused.update(self._overflowing(ops, refused))
         return refused
 

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import mmh3
 import msgpack
 
+from cluster.core.ops import ItemFields
 from cluster.core.shards import CounterEntry
 from cluster.roles.host import Host
 from cluster.transport.wire import Kind
@@ -42,7 +43,7 @@ class Node(Host, Protocol):
 
     def on_repair(self, items: list[list[Any]], op_id: str = "") -> asyncio.Future[None]: ...
 
-    def shareable(self, items: list[list[Any]]) -> list[list[Any]]: ...
+    def shareable(self, items: list[ItemFields]) -> list[ItemFields]: ...
 
 log = logging.getLogger("cluster.antientropy")
 
@@ -219,10 +220,10 @@ class Hints:
 
     def __init__(self, max_per_peer: int) -> None:
         self.max = max_per_peer
-        self.queues: dict[str, deque[list[Any]]] = {}
+        self.queues: dict[str, deque[ItemFields]] = {}
         self.dropped = 0
 
-    def add(self, peer: str, items: list[list[Any]]) -> None:
+    def add(self, peer: str, items: list[ItemFields]) -> None:
         if self.max <= 0:
             return
         q = self.queues.get(peer)

@@ -34,13 +34,11 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from cluster.core.ops import ItemFields, Op
 from cluster.core.shards import CounterEntry
 from cluster.roles.admission import needs_check
 from cluster.roles.host import Host
 from cluster.transport.wire import Kind, Status
-
-# A client op after validation: (table, key, op_id, delta, attempt)
-Op = tuple[str, str, str, int, int]
 
 
 class Node(Host, Protocol):
@@ -49,7 +47,7 @@ class Node(Host, Protocol):
     checked: Checked
 
     @property
-    def pending(self) -> dict[str, list[Any]]: ...
+    def pending(self) -> dict[str, ItemFields]: ...
 
     @property
     def inflight(self) -> dict[str, asyncio.Future[bool]]: ...
@@ -252,7 +250,8 @@ async def lead_checked(node: Node, ops: list[Op]) -> list[int]:
     idx_checked: list[int] = []
     degraded = node.recently_degraded()
     for i, op in enumerate(ops):
-        if needs_check(op, degraded) and op[2].encode() not in node.state.dedup(op[0]):
+        table, _key, op_id, _delta, _attempt = op
+        if needs_check(op, degraded) and op_id.encode() not in node.state.dedup(table):
             idx_checked.append(i)
             checks.append(_check_one(node, op))
         else:
@@ -262,7 +261,8 @@ async def lead_checked(node: Node, ops: list[Op]) -> list[int]:
     for i, (res, deadline) in zip(idx_checked, results, strict=True):
         if res is None:
             to_lead.append(i)
-            node.leases[ops[i][2]] = deadline  # the apply checks it (Node._refused)
+            _table, _key, op_id, _delta, _attempt = ops[i]
+            node.leases[op_id] = deadline  # the apply checks it (Node._refused)
         else:
             statuses[i] = res
     if to_lead:
@@ -270,7 +270,8 @@ async def lead_checked(node: Node, ops: list[Op]) -> list[int]:
         for i, s in zip(to_lead, led, strict=True):
             statuses[i] = s
             if s == _APPLIED and i in idx_checked:
-                node.checked.add(ops[i][2])
+                _table, _key, op_id, _delta, _attempt = ops[i]
+                node.checked.add(op_id)
     return statuses
 
 
@@ -278,7 +279,7 @@ async def _check_one(node: Node, op: Op) -> tuple[int | None, float]:
     """(DUPLICATE when a replica holds the op (learned here), UNAVAILABLE when another
     application or check of it is open or too few replicas claimed it, None when the op may be
     applied; the monotonic time until which it may be)."""
-    table, key, op_id = op[0], op[1], op[2]
+    table, key, op_id, _delta, _attempt = op  # unpacked: a caller's plain tuple works too
     node.metrics.retry_checks += 1
     sent = time.monotonic()
     deadline = sent + lease(node, table)

@@ -18,20 +18,19 @@ from typing import Any
 from cluster.core.config import NodeConfig
 from cluster.core.errors import PeerError, Unavailable
 from cluster.core.metrics import NodeMetrics
+from cluster.core.ops import Op
 from cluster.core.ring import Ring
 from cluster.transport.peer import PeerLink
 from cluster.transport.wire import Kind, Status
 
 log = logging.getLogger("cluster.coordinator")
 
-# A client op after validation: (table, key, op_id, delta, attempt)
-Op = tuple[str, str, str, int, int]
-
 _UNAVAILABLE = int(Status.UNAVAILABLE)
+_STAMP = len(Op._fields)  # a FORWARD item's stamp, after the op's fields
 
 
 def _stamped(ops: Sequence[Op]) -> list[list[Any]]:
-    """FORWARD items carry the coordinator's wall clock (ms) as a sixth field."""
+    """FORWARD items: an ``Op``'s five fields, then the coordinator's wall clock (ms)."""
     now_ms = int(time.time() * 1000)
     return [[*op, now_ms] for op in ops]
 
@@ -43,10 +42,10 @@ def unstamped(body: list[list[Any]], stale_after_ms: int) -> list[Op]:
     now_ms = int(time.time() * 1000)
     out: list[Op] = []
     for item in body:
-        table, key, op_id, delta, attempt = item[:5]
-        if len(item) > 5 and now_ms - item[5] > stale_after_ms:
+        table, key, op_id, delta, attempt = item[:_STAMP]
+        if len(item) > _STAMP and now_ms - item[_STAMP] > stale_after_ms:
             attempt = max(attempt, 2)
-        out.append((table, key, op_id, delta, attempt))
+        out.append(Op(table, key, op_id, delta, attempt))
     return out
 
 
@@ -66,15 +65,16 @@ class Coordinator:
         """Route every op to its leader (one FORWARD frame per leader); statuses in op order."""
         me = self.id
         if len(ops) == 1:
-            leader = self.ring.leader(ops[0][0], ops[0][1], self._is_live())
+            table, key, _op_id, _delta, _attempt = ops[0]
+            leader = self.ring.leader(table, key, self._is_live())
             if leader == me:
                 return await self._lead(ops)
             return await self._forward(leader, list(ops))
         groups: dict[str | None, list[int]] = {}
         leader_of = self.ring.leader
         is_live = self._is_live()
-        for i, op in enumerate(ops):
-            leader = leader_of(op[0], op[1], is_live)
+        for i, (table, key, _op_id, _delta, _attempt) in enumerate(ops):
+            leader = leader_of(table, key, is_live)
             idx = groups.get(leader)
             if idx is None:
                 groups[leader] = [i]
@@ -113,11 +113,11 @@ class Coordinator:
         is_live = self._is_live()
         out = [_UNAVAILABLE] * len(ops)
         groups: dict[str | None, list[int]] = {}
-        for i, op in enumerate(ops):
-            leader = self.ring.leader(op[0], op[1], lambda n: n != failed and is_live(n))
+        for i, (table, key, _op_id, _delta, _attempt) in enumerate(ops):
+            leader = self.ring.leader(table, key, lambda n: n != failed and is_live(n))
             groups.setdefault(leader, []).append(i)
         for leader, idx in groups.items():
-            sub: list[Op] = [(t, k, o, d, max(a, 2)) for t, k, o, d, a in (ops[i] for i in idx)]
+            sub = [Op(t, k, o, d, max(a, 2)) for t, k, o, d, a in (ops[i] for i in idx)]
             if leader is None:
                 continue
             if leader == self.id:

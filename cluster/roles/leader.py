@@ -25,6 +25,7 @@ from typing import Any
 
 from cluster.core.config import NodeConfig
 from cluster.core.metrics import NodeMetrics
+from cluster.core.ops import ITEM_OP_ID, ItemFields, Op
 from cluster.core.ring import Ring
 from cluster.roles.admission import SAFE_ENTRY, Admission
 from cluster.roles.antientropy import Hints
@@ -33,12 +34,9 @@ from cluster.roles.quorum import quorum_future
 from cluster.roles.state import NodeState
 from cluster.transport.peer import PeerLink
 from cluster.transport.wire import Kind, Status
-from cluster.wal import DurableLog, RecordKind, make_record
+from cluster.wal import DurableLog, RecordKind, make_record, record_fields
 
 log = logging.getLogger("cluster.leader")
-
-# A client op after validation: (table, key, op_id, delta, attempt)
-Op = tuple[str, str, str, int, int]
 
 APPLY, PUBLISHED = int(RecordKind.APPLY), int(RecordKind.PUBLISHED)
 _APPLIED, _DUPLICATE, _UNAVAILABLE = int(Status.APPLIED), int(Status.DUPLICATE), int(
@@ -55,7 +53,7 @@ class Leader:
                  *, clock: Callable[[], float],
                  spawn: Callable[[Coroutine[Any, Any, Any]], None],
                  settle_key: Callable[[str, str, str], Coroutine[Any, Any, None]],
-                 settle_one: Callable[[list[Any]], Coroutine[Any, Any, bool]],
+                 settle_one: Callable[[ItemFields], Coroutine[Any, Any, bool]],
                  release_claims: Callable[[str, str, str], None]) -> None:
         self.config, self.ring, self.state, self.log = config, ring, state, log
         self.links, self.metrics, self.claims, self.hints = links, metrics, claims, hints
@@ -91,7 +89,8 @@ class Leader:
         later: list[int] = []
         if self.state.pending:
             busy, own = self.state.busy, self.state.shards.own
-            later = [i for i, op in enumerate(ops) if busy(op[0], op[1], own)]
+            later = [i for i, (table, key, _id, _delta, _attempt) in enumerate(ops)
+                     if busy(table, key, own)]
         if later:
             self.metrics.deferred += len(later) if deadline is None else 0
             waiting = set(later)
@@ -129,7 +128,7 @@ class Leader:
             deadline = loop.time() + self.config.quorum_timeout
         waits = []
         busy, own = self.state.busy, self.state.shards.own
-        for table, key in {(op[0], op[1]) for op in ops}:
+        for table, key in {(table, key) for table, key, _id, _delta, _attempt in ops}:
             if not busy(table, key, own):
                 continue  # settled since: go on at once
             fut = self._key_free.get((table, key))
@@ -137,12 +136,14 @@ class Leader:
                 fut = self._key_free[(table, key)] = loop.create_future()
             waits.append(fut)
             unpublished = self.state.unpublished(table, key, self.state.shards.own)
-            if unpublished and not any(item[0] in self._inflight for item in unpublished):
+            if unpublished and not any(item[ITEM_OP_ID] in self._inflight
+                                       for item in unpublished):
                 self._spawn(self._settle_key(table, key, self.state.shards.own))
         remaining = deadline - loop.time()
         if waits and remaining > 0:
             await asyncio.wait(waits, timeout=remaining)
-        if loop.time() >= deadline and all(busy(op[0], op[1], own) for op in ops):
+        if loop.time() >= deadline and all(busy(table, key, own)
+                                           for table, key, _id, _delta, _attempt in ops):
             self.metrics.unavailable += len(ops)
             return [_UNAVAILABLE] * len(ops)
         return await self._lead_now(ops, deadline)
@@ -154,9 +155,10 @@ class Leader:
         for op_id in op_ids:
             item = release(op_id)
             if item is not None and free:
-                fut = free.get((item[1], item[2]))
-                if fut is not None and not self.state.busy(item[1], item[2], self.state.shards.own):
-                    del free[(item[1], item[2])]
+                _id, table, key, _origin, _p, _n, _delta, _ts = item
+                fut = free.get((table, key))
+                if fut is not None and not self.state.busy(table, key, self.state.shards.own):
+                    del free[(table, key)]
                     if not fut.done():
                         fut.set_result(None)
 
@@ -175,18 +177,20 @@ class Leader:
         return statuses
 
     def _apply_batch(self, ops: Sequence[Op]) -> tuple[
-            list[int], asyncio.Future[None] | None, dict[tuple[str, ...], list[list[Any]]],
+            list[int], asyncio.Future[None] | None, dict[tuple[str, ...], list[ItemFields]],
             list[tuple[int, asyncio.Future[bool]]]]:
         """The synchronous part: no await between the dedup check, the apply and the log
-        append (one columnar frame for the batch); the append's future, None if no op was new."""
+        append (one columnar frame for the batch); the append's future, None if no op was new.
+        Each new op becomes an item, built as a list (``cluster.core.ops``: cheaper than an
+        ``Item``, which names its fields)."""
         me, now = self.state.shards.own, self.clock()
-        dups = self.state.seen_or_add_many(ops, 0, 2)
+        dups = self.state.seen_or_add_ops(ops)
         apply_local = self.state.shards.apply_local
         targets_of = self.targets_of
         inflight, pending, hold = self._inflight, self.state.pending, self.state.hold
         statuses: list[int] = []
-        rows: list[tuple[str, str, str, int, int, int]] = []
-        groups: dict[tuple[str, ...], list[list[Any]]] = {}
+        applied: list[ItemFields] = []
+        groups: dict[tuple[str, ...], list[ItemFields]] = {}
         dup_waits: list[tuple[int, asyncio.Future[bool]]] = []
         for (table, key, op_id, delta, _attempt), dup in zip(ops, dups, strict=True):
             if dup:
@@ -199,22 +203,24 @@ class Leader:
                 continue
             p, n = apply_local(table, key, delta)
             statuses.append(_APPLIED)
-            rows.append((op_id, table, key, delta, p, n))
             targets = targets_of(table, key)
-            item = [op_id, table, key, me, p, n, delta, now]
+            item = [op_id, table, key, me, p, n, delta, now]  # an Item's fields
+            applied.append(item)
             hold(item)  # unpublished: hidden from everyone else until its quorum acks
             group = groups.get(targets)
             if group is None:
                 groups[targets] = [item]
             else:
                 group.append(item)
-        self.metrics.duplicates += len(ops) - len(rows)
-        if not rows:
+        self.metrics.duplicates += len(ops) - len(applied)
+        if not applied:
             return statuses, None, groups, dup_waits
-        op_ids, tables, keys, deltas, ps, ns = zip(*rows, strict=True)
+        op_ids, tables, keys, _origins, ps, ns, deltas, _ts = zip(*applied, strict=True)
         if max(ps) >= SAFE_ENTRY or max(ns) >= SAFE_ENTRY:
             self.admission.near_limit = True  # from now on every batch is checked op by op
-        own = self.log.append_columns_nowait(APPLY, op_ids, tables, keys, deltas, me, ps, ns, now)
+        # origin and ts are one value for the whole frame (shared, not a column)
+        own = self.log.append_columns_nowait(
+            *record_fields(APPLY, op_ids, tables, keys, me, ps, ns, deltas, now))
         return statuses, own, groups, dup_waits
 
     def targets_of(self, table: str, key: str) -> tuple[str, ...]:
@@ -227,7 +233,7 @@ class Leader:
             targets = self._targets[prefs] = tuple(t for t in prefs if t != self.id)
         return targets
 
-    def replicate(self, targets: tuple[str, ...], items: list[list[Any]],
+    def replicate(self, targets: tuple[str, ...], items: list[ItemFields],
                   own: asyncio.Future[None] | None = None) -> asyncio.Future[bool]:
         """True once the op is durable here AND on W-1 other replicas: the leader's own copy is
         required, so an acked op is always in its leader's log (never in a torn tail). ``own``
@@ -250,15 +256,16 @@ class Leader:
         others = quorum_future(remote, self.config.quorum - 1, timeout)
         done = quorum_future([own, others], 2, timeout)
         inflight = self._inflight
-        for op in items:
-            inflight[op[0]] = done
+        op_ids = [item[ITEM_OP_ID] for item in items]
+        for op_id in op_ids:
+            inflight[op_id] = done
 
         def forget(f: asyncio.Future[bool]) -> None:
-            for op in items:
-                if inflight.get(op[0]) is done:
-                    del inflight[op[0]]
+            for op_id in op_ids:
+                if inflight.get(op_id) is done:
+                    del inflight[op_id]
             if f.result():
-                self.release([op[0] for op in items])
+                self.release(op_ids)
                 self.published(items)
 
         done.add_done_callback(forget)
@@ -273,17 +280,17 @@ class Leader:
                 if not f.done() or f.cancelled() or f.exception() is not None:
                     self.behind.add(t)
 
-    def _hint_on_failure(self, target: str, items: list[list[Any]],
+    def _hint_on_failure(self, target: str, items: list[ItemFields],
                          fut: asyncio.Future[Any]) -> None:
         if not fut.cancelled() and fut.exception() is not None:
             self.hints.add(target, items)
 
-    def published(self, items: list[list[Any]]) -> None:
-        """PUBLISHED records for ops now on a quorum; appended without waiting: a record lost
-        in a crash only makes recovery ask the replicas about one more op."""
+    def published(self, items: list[ItemFields]) -> None:
+        """PUBLISHED records for ops now on a quorum (their delta 0); appended without waiting:
+        a record lost in a crash only makes recovery ask the replicas about one more op."""
         try:
             fut = self.log.append_nowait([
-                make_record(PUBLISHED, op_id, table, key, 0, origin, p, n, ts)
+                make_record(*record_fields(PUBLISHED, op_id, table, key, origin, p, n, 0, ts))
                 for op_id, table, key, origin, p, n, _delta, ts in items])
         except Exception as exc:  # noqa: BLE001 - a closed log: recovery asks instead
             log.debug("PUBLISHED records not written: %r", exc)
@@ -296,8 +303,8 @@ class Leader:
         (a duplicate must never be reported for an op that may not be durable)."""
         failed = {op_id for targets, ok in ok_by_group.items() if not ok
                   for op_id in self._group_ids(targets, ops)}
-        for i, op in enumerate(ops):
-            if op[2] in failed and statuses[i] != _UNAVAILABLE:
+        for i, (_table, _key, op_id, _delta, _attempt) in enumerate(ops):
+            if op_id in failed and statuses[i] != _UNAVAILABLE:
                 statuses[i] = _UNAVAILABLE
                 self.metrics.unavailable += 1
 

@@ -20,12 +20,13 @@ from typing import Any
 
 from cluster.core.config import NodeConfig
 from cluster.core.metrics import NodeMetrics
+from cluster.core.ops import Item, ItemFields, Op
 from cluster.core.ring import Ring
 from cluster.core.shards import CounterEntry
 from cluster.roles import antientropy, checks, settle
 from cluster.roles.admission import needs_check, stale_after_ms
 from cluster.roles.antientropy import Hints
-from cluster.roles.coordinator import Coordinator, Op, unstamped
+from cluster.roles.coordinator import Coordinator, unstamped
 from cluster.roles.failure import FailureDetector
 from cluster.roles.leader import Leader
 from cluster.roles.quorum import next_incarnation, quorum_future
@@ -37,7 +38,7 @@ from cluster.transport.peer import PeerLink, peer_ssl
 from cluster.transport.wire import Kind, Status
 from cluster.wal import DurableLog, RecordKind
 
-__all__ = ["Node", "Op", "next_incarnation", "quorum_future"]
+__all__ = ["Node", "next_incarnation", "quorum_future"]
 
 APPLY, REPLICA = int(RecordKind.APPLY), int(RecordKind.REPLICA)
 PUBLISHED, WITHDRAW = int(RecordKind.PUBLISHED), int(RecordKind.WITHDRAW)
@@ -95,7 +96,7 @@ class Node:
                                        lead=self.lead, is_live=lambda: self.is_live)
 
     @property
-    def pending(self) -> dict[str, list[Any]]:
+    def pending(self) -> dict[str, ItemFields]:
         """In-doubt ops: applied here as leader, not known to be on a quorum (op id -> item)."""
         return self.state.pending
 
@@ -122,7 +123,7 @@ class Node:
     def release(self, op_ids: Iterable[str]) -> None:
         self.leader.release(op_ids)
 
-    def replicate(self, targets: tuple[str, ...], items: list[list[Any]]
+    def replicate(self, targets: tuple[str, ...], items: list[ItemFields]
                   ) -> asyncio.Future[bool]:
         return self.leader.replicate(targets, items)
 
@@ -132,7 +133,7 @@ class Node:
     def on_repair(self, items: list[list[Any]], op_id: str = "") -> asyncio.Future[None]:
         return self.replica.on_repair(items, op_id)
 
-    def shareable(self, items: list[list[Any]]) -> list[list[Any]]:
+    def shareable(self, items: list[ItemFields]) -> list[ItemFields]:
         return self.replica.shareable(items)
 
     async def submit(self, ops: Sequence[Op]) -> list[int]:
@@ -191,9 +192,9 @@ class Node:
             if kind in (APPLY, REPLICA, WITHDRAW):
                 replay(rec.op_id, rec.table, rec.key, rec.origin, rec.p, rec.n, rec.ts)
                 count += 1
-            if kind == APPLY:
-                pending[rec.op_id] = [rec.op_id, rec.table, rec.key, rec.origin, rec.p, rec.n,
-                                      rec.delta, rec.ts]
+            if kind == APPLY:  # the item it logged (the other way round from record_fields)
+                pending[rec.op_id] = Item(rec.op_id, rec.table, rec.key, rec.origin, rec.p,
+                                          rec.n, rec.delta, rec.ts)
             elif kind in (PUBLISHED, WITHDRAW):
                 pending.pop(rec.op_id, None)
                 if kind == WITHDRAW:

@@ -2,8 +2,10 @@
 
 A replica (its REPLICATE frames of one loop turn merged into one batch) inserts every op id into
 its own dedup (that is how the dedup state of the replicas stays in step), max-merges the pairs,
-logs REPLICA records and acks once durable. A copy of an op claimed here for another leader is
-refused (``_fenced``): the frame's reply is False and its sender settles the op.
+logs REPLICA records and acks once durable. The items stay the lists msgpack decodes (an
+``Item``'s fields, ``cluster.core.ops``: converting each would cost more than the merge). A copy
+of an op claimed here for another leader is refused (``_fenced``): the frame's reply is False
+and its sender settles the op.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from collections.abc import Callable
 from typing import Any
 
 from cluster.core.metrics import NodeMetrics
+from cluster.core.ops import ITEM_OP_ID, Item, ItemFields
 from cluster.core.shards import CounterEntry
 from cluster.roles.batching import TickBatcher
 from cluster.roles.state import NodeState
-from cluster.wal import DurableLog, LogRecord, RecordKind
+from cluster.wal import DurableLog, LogRecord, RecordKind, record_fields
 
 log = logging.getLogger("cluster.replica")
 
@@ -58,39 +61,38 @@ class Replica:
                  *, clock: Callable[[], float]) -> None:
         self.state, self.log, self.claims, self.metrics = state, log, claims, metrics
         self.clock = clock
-        self.batcher: TickBatcher[list[Any]] = TickBatcher(self._replicate_now)
+        self.batcher: TickBatcher[ItemFields] = TickBatcher(self._replicate_now)
 
-    def on_replicate(self, items: list[list[Any]]) -> asyncio.Future[Any]:
+    def on_replicate(self, items: list[ItemFields]) -> asyncio.Future[Any]:
         """Merged with the other REPLICATE frames of this loop turn; resolves once durable:
         None, or False when some of the frame's ops were refused (``_fenced``)."""
         done = asyncio.get_running_loop().create_future()
         self.batcher.submit(items).add_done_callback(functools.partial(_frame_reply, done))
         return done
 
-    def _replicate_now(self, items: list[list[Any]]) -> asyncio.Future[Any]:
+    def _replicate_now(self, items: list[ItemFields]) -> asyncio.Future[Any]:
         flags = self._fenced(items) if self.claims else None
         if flags is not None:
             items = [item for item, ok in zip(items, flags, strict=True) if ok]
-        self.state.seen_or_add_many(items, 1, 0)  # learn the ids: dedup state stays in sync
+        self.state.seen_or_add_items(items)  # learn the ids: dedup state stays in sync
         claims = self.claims
         if claims:  # the application arrived: the dedup answers for these ops now
             for item in items:
-                claims.applied(item[0])
+                claims.applied(item[ITEM_OP_ID])
         self.state.shards.merge_items(items)
         self.metrics.replicated_in += len(items)
         if not items:
             durable = self.log.append_nowait([])
         else:
-            op_id, table, key, origin, p, n, delta, ts = zip(*items, strict=True)
-            durable = self.log.append_columns_nowait(REPLICA, op_id, table, key, delta, origin,
-                                                     p, n, ts)
+            durable = self.log.append_columns_nowait(
+                *record_fields(REPLICA, *zip(*items, strict=True)))
         if flags is None:
             return durable
         out: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         durable.add_done_callback(functools.partial(_with_flags, out, flags))
         return out
 
-    def _fenced(self, items: list[list[Any]]) -> list[bool] | None:
+    def _fenced(self, items: list[ItemFields]) -> list[bool] | None:
         """Per item, False for a copy of an op claimed here for (or applied by) another node
         than its origin's: a leader that was cut off or paused while a replica that took over
         applied the op after a check. Merging it would count the op twice, so the copy is
@@ -99,14 +101,14 @@ class Replica:
         fence = self.claims.fence
         flags: list[bool] | None = None
         cut: set[tuple[str, str, str]] = set()
-        for i, item in enumerate(items):
-            k = (item[1], item[2], item[3])
+        for i, (op_id, table, key, origin, _p, _n, _delta, _ts) in enumerate(items):
+            k = (table, key, origin)
             if k not in cut:
-                holder = fence(item[0])
-                if holder is None or holder == item[3].partition("@")[0]:
+                holder = fence(op_id)
+                if holder is None or holder == origin.partition("@")[0]:
                     continue
                 cut.add(k)
-                log.info("refused %s's copy of op %s: claimed for %s", item[3], item[0], holder)
+                log.info("refused %s's copy of op %s: claimed for %s", origin, op_id, holder)
             if flags is None:
                 flags = [True] * len(items)
             flags[i] = False
@@ -125,18 +127,17 @@ class Replica:
         self.metrics.repairs_in += len(records)
         return self.log.append_nowait(records)
 
-    def shareable(self, items: list[list[Any]]) -> list[list[Any]]:
+    def shareable(self, items: list[ItemFields]) -> list[ItemFields]:
         """REPLICATE items queued earlier (hints), as they may be sent now: ops still
         unpublished or withdrawn left out, and each pair the visible one of its key and origin
         (never less than the item's own once it is published)."""
         pending, withdrawn, pair = self.state.pending, self.state.withdrawn, self.state.shards.pair
-        out = []
-        for item in items:
-            if item[0] in pending or item[0] in withdrawn:
+        out: list[ItemFields] = []
+        for op_id, table, key, origin, _p, _n, delta, ts in items:
+            if op_id in pending or op_id in withdrawn:
                 continue
-            op_id, table, key, origin = item[0], item[1], item[2], item[3]
             p, n = pair(table, key, origin)
-            out.append([op_id, table, key, origin, p, n, item[6], item[7]])
+            out.append(Item(op_id, table, key, origin, p, n, delta, ts))
         return out
 
     def on_read(self, items: list[list[str]]) -> list[dict[str, list[int]]]:

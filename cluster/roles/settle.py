@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Protocol
 
+from cluster.core.ops import ITEM_OP_ID, ITEM_TS, Item, ItemFields
 from cluster.core.shards import CounterEntry
 from cluster.roles import checks
 from cluster.roles.checks import BUSY, CLAIM, HELD, IN_DOUBT, WITHDRAWN, consume, release_claims
 from cluster.transport.wire import Kind
-from cluster.wal import RecordKind, make_record
+from cluster.wal import RecordKind, make_record, record_fields
 
 if TYPE_CHECKING:
     from cluster.wal import DurableLog
@@ -37,7 +38,7 @@ class Node(checks.Node, Protocol):
 
     def release(self, op_ids: Iterable[str]) -> None: ...
 
-    def replicate(self, targets: tuple[str, ...], items: list[list[Any]]
+    def replicate(self, targets: tuple[str, ...], items: list[ItemFields]
                   ) -> asyncio.Future[bool]: ...
 
     def targets_of(self, table: str, key: str) -> tuple[str, ...]: ...
@@ -49,21 +50,22 @@ WITHDRAW = int(RecordKind.WITHDRAW)
 # -- in-doubt ops ---------------------------------------------------------------------------
 
 
-def _covers(entry: CounterEntry, item: Sequence[Any]) -> bool:
-    p, n = entry.pairs.get(item[3], (0, 0))
-    return p >= item[4] and n >= item[5]
+def _covers(entry: CounterEntry, item: Item) -> bool:
+    p, n = entry.pairs.get(item.origin, (0, 0))
+    return p >= item.p and n >= item.n
 
 
-async def settle_one(node: Node, item: list[Any]) -> bool:
-    """Settle the in-doubt op ``item`` (and the ops before it on its key); True once it is
-    published or withdrawn."""
-    if item[0] not in node.pending:
+async def settle_one(node: Node, fields: ItemFields) -> bool:
+    """Settle the in-doubt op ``fields`` (an item, and the ops before it on its key); True once
+    it is published or withdrawn."""
+    item = Item.of(fields)
+    if item.op_id not in node.pending:
         return True
-    waiting = node.inflight.get(item[0])  # its quorum (or a publication) is under way
+    waiting = node.inflight.get(item.op_id)  # its quorum (or a publication) is under way
     if waiting is not None and await asyncio.shield(waiting):
         return True
-    await settle_key(node, item[1], item[2], item[3])
-    return item[0] not in node.pending
+    await settle_key(node, item.table, item.key, item.origin)
+    return item.op_id not in node.pending
 
 
 async def settle_key(node: Node, table: str, key: str, origin: str) -> None:
@@ -90,13 +92,13 @@ async def _settle_key(node: Node, table: str, key: str, origin: str) -> None:
     and each publication sends the pair of exactly what is settled so far: the visible pair
     plus the ops being published. Nothing that may still be withdrawn ever leaves this node.
     """
-    items = node.state.unpublished(table, key, origin)
-    if not items or any(item[0] in node.inflight for item in items):
+    items = [Item.of(item) for item in node.state.unpublished(table, key, origin)]
+    if not items or any(item.op_id in node.inflight for item in items):
         return  # empty, or a quorum is still being waited for: its outcome decides
-    answered, answers = await ask_holds_many(node, table, key, [item[0] for item in items])
-    run: list[list[Any]] = []
+    answered, answers = await ask_holds_many(node, table, key, [item.op_id for item in items])
+    run: list[Item] = []
     for i, item in enumerate(items):
-        if item[0] not in node.pending:
+        if item.op_id not in node.pending:
             return  # settled meanwhile by another path: ask again next time
         verdict = _verdict(node, item, answered, [(r, a[i], e) for r, a, e in answers])
         if verdict == "publish":
@@ -113,7 +115,7 @@ async def _settle_key(node: Node, table: str, key: str, origin: str) -> None:
         await _publish(node, table, key, origin, run)
 
 
-def _verdict(node: Node, item: list[Any], answered: int,
+def _verdict(node: Node, item: Item, answered: int,
              answers: list[tuple[str, tuple[int, bool], CounterEntry]]) -> str:
     """"withdraw" when another leader applied the op: it applied it after a check, or holds
     the id without our pair (our replication never reached it), or holds it in doubt too and
@@ -156,42 +158,43 @@ async def ask_holds_many(node: Node, table: str, key: str, op_ids: list[str]
     return len(out), out
 
 
-async def _publish(node: Node, table: str, key: str, origin: str,
-                   run: list[list[Any]]) -> bool:
+async def _publish(node: Node, table: str, key: str, origin: str, run: list[Item]) -> bool:
     """Replicate in-doubt ops again, with the pair of everything settled up to them; True once
     a quorum holds them (they are visible then)."""
     p, n = node.state.shards.pair(table, key, origin)
     for item in run:
-        if item[6] >= 0:
-            p += item[6]
+        if item.delta >= 0:
+            p += item.delta
         else:
-            n -= item[6]
-    sent = [[item[0], table, key, origin, p, n, item[6], item[7]] for item in run]
+            n -= item.delta
+    sent: list[ItemFields] = [item._replace(p=p, n=n) for item in run]
     # The leader's own replicate: in flight meanwhile (a replica settling its own copy of the
     # op waits, BUSY, for this outcome, and so does a retry), published on success.
     ok = await node.replicate(node.targets_of(table, key), sent)
     if ok:
         node.metrics.published_late += len(sent)
-        for item in sent:
+        for item in run:
             # Say so when asked, like an op applied after a check: a replica that also holds it
             # in doubt (and deferred to this one, the lower id) must then withdraw, and the
             # entries anti-entropy merged meanwhile no longer tell the two applications apart.
-            node.checked.add(item[0])
+            node.checked.add(item.op_id)
     return ok
 
 
-async def withdraw(node: Node, item: list[Any]) -> None:
+async def withdraw(node: Node, item: Item) -> None:
     """Cancel this node's application of an op another leader applied. It was never visible
     (its delta hidden, no later pair of its key carrying it), so the cancellation is a
     compensating delta on the op's own origin and key: the op's pair and its compensation
     become visible together, value-neutral. Logged (WITHDRAW) and pushed to the replicas."""
-    op_id, table, key, origin, delta = item[0], item[1], item[2], item[3], item[6]
+    op_id, table, key, origin, delta = item.op_id, item.table, item.key, item.origin, item.delta
     if op_id not in node.pending:
         return
     p, n = node.state.shards.compensate(table, key, origin, delta)
     node.state.withdrawn[op_id] = node.clock()
     node.release([op_id])
-    rec = make_record(WITHDRAW, op_id, table, key, -delta, origin, p, n, node.clock())
+    # the compensation: the op's own fields with the negated delta and the pair it leaves
+    rec = make_record(*record_fields(WITHDRAW, op_id, table, key, origin, p, n, -delta,
+                                     node.clock()))
     node.metrics.withdrawn += 1
     log.info("withdrew in-doubt op %s on %s/%s (applied by another leader)", op_id, table, key)
     entry = [[table, key, {origin: list(node.state.shards.pair(table, key, origin))}]]
@@ -206,7 +209,7 @@ async def settle_all(node: Node, min_age: float = 0.0) -> int:
     keys at once, each key's ops in order); how many ops remain unpublished."""
     now = node.clock()
     keys = [k for k in node.state.unpublished_keys()
-            if any(now - item[7] >= min_age and item[0] not in node.inflight
+            if any(now - item[ITEM_TS] >= min_age and item[ITEM_OP_ID] not in node.inflight
                    for item in node.state.unpublished(*k))]
     if keys:
         await asyncio.gather(*(settle_key(node, *k) for k in keys))

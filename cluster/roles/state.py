@@ -13,9 +13,11 @@ from typing import Any
 import msgpack
 
 from cluster.core.config import NodeConfig
+from cluster.core.ops import ITEM_OP_ID, ITEM_TABLE, Item, ItemFields, Op
 from cluster.core.shards import ShardStore
 
 SNAPSHOT_VERSION = 1
+_OP_TABLE, _OP_ID = Op._fields.index("table"), Op._fields.index("op_id")
 
 
 def _many(dedup: Any, ids: list[bytes]) -> list[bool]:
@@ -39,10 +41,10 @@ class NodeState:
         self.shards = ShardStore(config.node_id)
         self.dedups: dict[str, Any] = {}
         # Unpublished ops: applied here as leader, not yet known to be on a quorum (in flight,
-        # or in doubt once their quorum failed). op id -> [op_id, table, key, origin, p, n,
-        # delta, ts] (the REPLICATE item); change it only through hold/release, which keep
-        # their deltas hidden in the shards and the per-key order.
-        self.pending: dict[str, list[Any]] = {}
+        # or in doubt once their quorum failed). op id -> its item (``cluster.core.ops``: the
+        # leader's list, or an ``Item`` once recovered); change it only through hold/release,
+        # which keep their deltas hidden in the shards and the per-key order.
+        self.pending: dict[str, ItemFields] = {}
         # (table, key, origin) -> its unpublished op ids in the order they were applied
         self._by_key: dict[tuple[str, str, str], dict[str, None]] = {}
         # Ops this node applied and then withdrew (op id -> time): it does not count them, and
@@ -56,43 +58,44 @@ class NodeState:
 
     # -- unpublished ops ---------------------------------------------------------------------
 
-    def hold(self, item: list[Any]) -> None:
+    def hold(self, item: ItemFields) -> None:
         """An op this node just applied as leader: unpublished (and hidden) until released."""
-        op_id, table, key, origin = item[0], item[1], item[2], item[3]
+        op_id, table, key, origin, _p, _n, delta, _ts = item
         self.pending[op_id] = item
         k = (table, key, origin)
         ids = self._by_key.get(k)
         if ids is None:
             ids = self._by_key[k] = {}
         ids[op_id] = None
-        self.shards.hide(table, key, origin, item[6])
+        self.shards.hide(table, key, origin, delta)
 
-    def release(self, op_id: str) -> list[Any] | None:
+    def release(self, op_id: str) -> ItemFields | None:
         """The op is published or withdrawn: visible (or compensated) from now on. Its item."""
         item = self.pending.pop(op_id, None)
         if item is None:
             return None
-        k = (item[1], item[2], item[3])
+        _op_id, table, key, origin, _p, _n, delta, _ts = item
+        k = (table, key, origin)
         ids = self._by_key.get(k)
         if ids is not None:
             ids.pop(op_id, None)
             if not ids:
                 del self._by_key[k]
-        self.shards.unhide(item[1], item[2], item[3], item[6])
+        self.shards.unhide(table, key, origin, delta)
         return item
 
-    def set_pending(self, items: list[list[Any]]) -> None:
+    def set_pending(self, items: Sequence[ItemFields]) -> None:
         """Replace the unpublished ops (a snapshot or a log replay found them)."""
         self.pending, self._by_key = {}, {}
         self.shards.clear_hidden()
         for item in items:
-            self.hold(list(item))
+            self.hold(Item.of(item))
 
     def busy(self, table: str, key: str, origin: str) -> bool:
         """``origin`` has an unpublished op on the key: the next op's pair would carry it."""
         return (table, key, origin) in self._by_key
 
-    def unpublished(self, table: str, key: str, origin: str) -> list[list[Any]]:
+    def unpublished(self, table: str, key: str, origin: str) -> list[ItemFields]:
         """The key's unpublished ops of ``origin``, in the order they were applied."""
         pending = self.pending
         return [pending[op_id] for op_id in self._by_key.get((table, key, origin), ())]
@@ -111,11 +114,19 @@ class NodeState:
             )
         return d
 
-    def seen_or_add_many(self, items: Sequence[Sequence[Any]], table_at: int,
-                         id_at: int) -> list[bool]:
-        """Dedup check-and-insert for a batch (``item[id_at]`` in table ``item[table_at]``);
+    def seen_or_add_ops(self, ops: Sequence[Op]) -> list[bool]:
+        """Dedup check-and-insert of a batch of ops (each ``op_id`` in its ``table``'s dedup);
         True marks a duplicate. One vectorised filter call per table where the strategy has one.
         """
+        return self._seen_or_add(ops, _OP_TABLE, _OP_ID)
+
+    def seen_or_add_items(self, items: Sequence[ItemFields]) -> list[bool]:
+        """``seen_or_add_ops`` for a batch of REPLICATE items (a replica learning the ids)."""
+        return self._seen_or_add(items, ITEM_TABLE, ITEM_OP_ID)
+
+    def _seen_or_add(self, items: Sequence[Sequence[Any]], table_at: int,
+                     id_at: int) -> list[bool]:
+        """Both shapes: ``item[id_at]`` in table ``item[table_at]``."""
         if len(items) == 1:
             item = items[0]
             return [self.dedup(item[table_at]).seen_or_add(item[id_at].encode())]

@@ -24,6 +24,7 @@ from cluster.wal.records import (
     encode_columns,
     encode_records,
     make_record,
+    record_fields,
 )
 from cluster.wal.records import _decode as _decode
 from cluster.wal.segments import LogFiles, decode_segment, list_dir, read_segments
@@ -48,6 +49,7 @@ __all__ = [
     "list_dir",
     "make_record",
     "read_segments",
+    "record_fields",
     "scan",
 ]
 

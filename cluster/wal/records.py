@@ -34,6 +34,7 @@ __all__ = [
     "encode_columns",
     "encode_records",
     "make_record",
+    "record_fields",
 ]
 
 # Bound by assignment, not imported by name: CPython 3.11 compiles ``_FRAME.pack(...)`` on a
@@ -80,6 +81,19 @@ class LogRecord(NamedTuple):
 # change. Faster still is to build no records: ``DurableLog.append_columns_nowait``.
 make_record: Callable[..., LogRecord] = LogRecord
 _make_record = LogRecord._make
+
+
+def record_fields(kind: int, op_id: Any, table: Any, key: Any, origin: Any, p: Any, n: Any,
+                  delta: Any, ts: Any) -> tuple[Any, ...]:
+    """The one conversion from a replication item to a log record: the record's nine fields in
+    ``LogRecord`` order, from ``kind`` and the item's eight in its own order (``op_id, table,
+    key, origin, p, n, delta, ts``: ``cluster.core.ops.Item``, or the list a peer sent).
+
+    Each field is one value or a column, so one call serves both ways of logging:
+    ``make_record(*record_fields(kind, *item))`` is one record, and
+    ``log.append_columns_nowait(*record_fields(kind, *columns))`` a columnar frame, where a
+    field may also be one value shared by every record of the frame."""
+    return kind, op_id, table, key, delta, origin, p, n, ts
 
 
 # ---------------------------------------------------------------- v1: a frame per record
