@@ -54,6 +54,7 @@ class Result:
     real_s: float
     trace: list[str] = field(default_factory=list)  # the nemesis' actions, with times
     errors: list[str] = field(default_factory=list)
+    world: World | None = None  # what the disks kept, for a post-mortem
 
     @property
     def ok(self) -> bool:
@@ -216,7 +217,7 @@ def run_seed(opts: Options) -> Result:
         asyncio.set_event_loop(None)
     report = check(history.events, nodes=world.ids)
     return Result(opts, history.events, report, virtual, time.perf_counter() - started,
-                  nemesis.trace, errors + world.errors)
+                  nemesis.trace, errors + world.errors, world)
 
 
 async def _crash_all(world: World) -> None:
