@@ -34,6 +34,7 @@ class SimDisk:
         self.snapshot: bytes | None = None
         self.incarnation = 0
         self.fsyncs = 0
+        self.archive: list[bytes] = []  # every frame ever synced, for post-mortems only
 
     def next_incarnation(self) -> int:
         self.incarnation += 1  # the real counter is fsynced before recover() goes on
@@ -141,6 +142,7 @@ class SimLog:
                 disk.snapshot, disk.frames = data, []
             else:
                 disk.frames.append(data)
+                disk.archive.append(data)
                 self._stats.add_batch(count, len(data), None)
             if not fut.done():
                 fut.set_result(None)
