@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from cluster.sim.run import BREAKS, FAULTS, Options, run_seed
+from cluster.sim.run import BREAKS, DEFAULT_FAULTS, FAULTS, Options, run_seed
 
 
 def _seeds(text: str) -> range:
@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ops", type=int, default=200)
     ap.add_argument("--clients", type=int, default=6)
     ap.add_argument("--keys", type=int, default=4)
-    ap.add_argument("--faults", default=",".join(FAULTS), help=f"any of {','.join(FAULTS)}")
+    ap.add_argument("--faults", default=",".join(DEFAULT_FAULTS),
+                    help=f"any of {','.join(FAULTS)} (default: all but skew), or none")
     ap.add_argument("--break", dest="breaks", default="",
                     help=f"test-only: {','.join(BREAKS)} (the checker must then fail)")
     ap.add_argument("--history", help="write the history of the (last) seed here, JSON lines")

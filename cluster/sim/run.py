@@ -23,7 +23,8 @@ from cluster.sim.loop import SimLoop
 from cluster.sim.net import Faults, SimNet
 from cluster.sim.world import World
 
-FAULTS = ("drop", "delay", "duplicate", "partition", "crash", "pause")
+DEFAULT_FAULTS = ("drop", "delay", "duplicate", "partition", "crash", "pause")
+FAULTS = (*DEFAULT_FAULTS, "skew")  # skew: opt-in, each node's wall clock offset
 BREAKS = ("dedup", "hide")  # test-only switches that must make the checker fail
 
 
@@ -33,7 +34,7 @@ class Options:
     nodes: int = 5
     rf: int = 3
     ops: int = 200
-    faults: tuple[str, ...] = FAULTS
+    faults: tuple[str, ...] = DEFAULT_FAULTS
     breaks: tuple[str, ...] = ()
     clients: int = 6
     keys: int = 4
@@ -160,7 +161,10 @@ async def _quiet(world: World, least: float, limit: float) -> None:
 
 
 async def _main(opts: Options, world: World, history: History, nemesis: _Nemesis) -> None:
+    skew = random.Random(f"{opts.seed}:skew")
     for host in world.hosts.values():
+        if "skew" in opts.faults:  # each machine's wall clock off by up to max_clock_skew / 2
+            host.skew = skew.uniform(-0.5, 0.5) * host.config.max_clock_skew
         world.boot(host)
     await _until_ready(world, 30.0)
     net = world.net
