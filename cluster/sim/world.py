@@ -37,13 +37,13 @@ class Host:
         self.skew = 0.0  # this machine's wall clock offset (seconds)
         self.inbox: list[Callable[[], None]] = []
         self.outbox: list[tuple[str, Callable[[], None]]] = []
-        self.tasks: set[asyncio.Task[Any]] = set()
+        self.tasks: dict[asyncio.Task[Any], None] = {}  # ordered: cancelled in start order
         self.restarts = 0
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        self.tasks[task] = None
+        task.add_done_callback(lambda t: self.tasks.pop(t, None))
         return task
 
 
