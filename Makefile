@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench figures clean
+.PHONY: demo test lint bench figures clean sim
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -23,6 +23,11 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/python -m pytest -q
+
+# The deterministic simulator's long sweep (not part of `make test`; docs/sim.md).
+SIM_SEEDS ?= 1..500
+sim: $(STAMP)
+	$(BIN)/python -m cluster.sim --seeds $(SIM_SEEDS) --ops 200
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -65,8 +65,10 @@ class Admission:
 
     def __init__(self, config: NodeConfig, state: NodeState, claims: Any,
                  leases: dict[str, float], metrics: NodeMetrics, *,
-                 release_claims: Callable[[str, str, str], None]) -> None:
+                 release_claims: Callable[[str, str, str], None],
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.id = config.node_id
+        self.monotonic = monotonic
         self.state, self.claims, self.leases, self.metrics = state, claims, leases, metrics
         self._release_claims = release_claims
         self.near_limit = False  # an own entry passed SAFE_ENTRY: check batches op by op
@@ -82,7 +84,7 @@ class Admission:
         """Ops claimed here for another node's check, or whose own check's lease ran out:
         index -> 503. An op let through by a check within its lease applies now."""
         refused: dict[int, int] = {}
-        now = time.monotonic()
+        now = self.monotonic()
         leases, claims, me = self.leases, self.claims, self.id
         for i, (table, key, op_id, _delta, _attempt) in enumerate(ops):
             deadline = leases.pop(op_id, None)

@@ -158,7 +158,7 @@ async def antientropy_loop(node: Node, interval: float, tick: float = 1.0) -> No
             node.behind.clear()
             await sync_all(node)
         elif node.behind:
-            peers = [p for p in node.behind if node.is_live(p)]
+            peers = sorted(p for p in node.behind if node.is_live(p))  # a stable order
             node.behind.difference_update(peers)
             await sync_all(node, peers)
 

@@ -57,6 +57,8 @@ class Node(Host, Protocol):
 
     def recently_degraded(self) -> bool: ...
 
+    def monotonic(self) -> float: ...
+
     def lead_plain(self, ops: Sequence[Op]) -> asyncio.Future[list[int]]: ...
 
     def learn(self, table: str, key: str, op_id: str, entry: CounterEntry) -> None: ...
@@ -281,7 +283,7 @@ async def _check_one(node: Node, op: Op) -> tuple[int | None, float]:
     applied; the monotonic time until which it may be)."""
     table, key, op_id, _delta, _attempt = op  # unpacked: a caller's plain tuple works too
     node.metrics.retry_checks += 1
-    sent = time.monotonic()
+    sent = node.monotonic()
     deadline = sent + lease(node, table)
     if not node.claims.take(op_id, node.id, claim_life(node, table)):
         return _UNAVAILABLE, deadline  # another node is checking it: retry decides later

@@ -29,17 +29,18 @@ _UNAVAILABLE = int(Status.UNAVAILABLE)
 _STAMP = len(Op._fields)  # a FORWARD item's stamp, after the op's fields
 
 
-def _stamped(ops: Sequence[Op]) -> list[list[Any]]:
+def _stamped(ops: Sequence[Op], now: float | None = None) -> list[list[Any]]:
     """FORWARD items: an ``Op``'s five fields, then the coordinator's wall clock (ms)."""
-    now_ms = int(time.time() * 1000)
+    now_ms = int((time.time() if now is None else now) * 1000)
     return [[*op, now_ms] for op in ops]
 
 
-def unstamped(body: list[list[Any]], stale_after_ms: int) -> list[Op]:
+def unstamped(body: list[list[Any]], stale_after_ms: int, now: float | None = None) -> list[Op]:
     """Ops of a FORWARD frame; one that waited past ``stale_after_ms`` (in a paused leader's
     socket buffer, say) goes as a retry: another replica may have taken over and applied it
-    meanwhile, so it is checked there first. Items without the stamp are taken as they are."""
-    now_ms = int(time.time() * 1000)
+    meanwhile, so it is checked there first. Items without the stamp are taken as they are.
+    ``now``: the leader's wall clock (seconds; ``time.time()`` when not given)."""
+    now_ms = int((time.time() if now is None else now) * 1000)
     out: list[Op] = []
     for item in body:
         table, key, op_id, delta, attempt = item[:_STAMP]
@@ -55,11 +56,13 @@ class Coordinator:
 
     def __init__(self, node_id: str, config: NodeConfig, ring: Ring, links: dict[str, PeerLink],
                  metrics: NodeMetrics, *, lead: Callable[[Sequence[Op]], Any],
-                 is_live: Callable[[], Callable[[str], bool]]) -> None:
+                 is_live: Callable[[], Callable[[str], bool]],
+                 clock: Callable[[], float] = time.time) -> None:
         self.id, self.config, self.ring, self.links, self.metrics = (node_id, config, ring,
                                                                       links, metrics)
         self._lead = lead
         self._is_live = is_live
+        self.clock = clock
 
     async def submit(self, ops: Sequence[Op]) -> list[int]:
         """Route every op to its leader (one FORWARD frame per leader); statuses in op order."""
@@ -94,7 +97,7 @@ class Coordinator:
         if leader is None:
             return [_UNAVAILABLE] * len(ops)
         self.metrics.forwarded += len(ops)
-        fut = self.links[leader].call(Kind.FORWARD, _stamped(ops))
+        fut = self.links[leader].call(Kind.FORWARD, _stamped(ops, self.clock()))
         try:
             statuses = await asyncio.wait_for(fut, self.config.quorum_timeout * 1.5)
         except PeerError as exc:  # the leader is unreachable: the next live replica leads
@@ -124,9 +127,8 @@ class Coordinator:
                 res = await self._lead(sub)
             else:
                 try:
-                    res = await asyncio.wait_for(self.links[leader].call(Kind.FORWARD,
-                                                                         _stamped(sub)),
-                                                 self.config.quorum_timeout * 1.5)
+                    call = self.links[leader].call(Kind.FORWARD, _stamped(sub, self.clock()))
+                    res = await asyncio.wait_for(call, self.config.quorum_timeout * 1.5)
                 except (TimeoutError, Unavailable):
                     continue
             for i, st in zip(idx, res, strict=True):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
@@ -51,6 +52,7 @@ class Leader:
     def __init__(self, config: NodeConfig, ring: Ring, state: NodeState, log: DurableLog,
                  links: dict[str, PeerLink], metrics: NodeMetrics, claims: Any, hints: Hints,
                  *, clock: Callable[[], float],
+                 monotonic: Callable[[], float] = time.monotonic,
                  spawn: Callable[[Coroutine[Any, Any, Any]], None],
                  settle_key: Callable[[str, str, str], Coroutine[Any, Any, None]],
                  settle_one: Callable[[ItemFields], Coroutine[Any, Any, bool]],
@@ -69,7 +71,7 @@ class Leader:
         self.leases: dict[str, float] = {}
         self.behind: set[str] = set()  # replicas that missed a write: anti-entropy them soon
         self.admission = Admission(config, state, claims, self.leases, metrics,
-                                   release_claims=release_claims)
+                                   release_claims=release_claims, monotonic=monotonic)
         self.batcher: TickBatcher[Op] = TickBatcher(self._lead_now)
         self._targets: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._everyone_else = (tuple(m for m in ring.members if m != self.id)

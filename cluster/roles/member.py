@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,31 +48,34 @@ _UNAVAILABLE = int(Status.UNAVAILABLE)
 class Node:
     """One cluster member: owns the log, the peer links and the state; the HTTP layer calls it."""
 
-    def __init__(self, config: NodeConfig, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, config: NodeConfig, *, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic,
+                 links: Mapping[str, PeerLink] | None = None, log: DurableLog | None = None,
+                 incarnation: Callable[[], int] | None = None) -> None:
+        """``clock`` (wall) and ``monotonic`` are every clock the roles read; ``links``, ``log``
+        and ``incarnation`` (the counter ``recover`` bumps) replace the TCP links, the log
+        directory and the incarnation file when given (the simulator, ``cluster.sim``)."""
         self.config = config
         self.id = config.node_id
         self.clock = clock
+        self.monotonic = monotonic
+        data_dir = Path(config.data_dir)
+        self._incarnation = incarnation or (lambda: next_incarnation(data_dir))
         self.ring = Ring([p[0] for p in config.peers], vnodes=config.vnodes, rf=config.rf)
         self.state = NodeState(config, clock=clock)
         self.origin = self.id  # becomes "<id>@<incarnation>" in recover()
-        self.log = DurableLog(Path(config.data_dir) / "log", fsync=config.fsync,
-                              archive=config.keep_log)
+        self.log = log if log is not None else DurableLog(
+            data_dir / "log", fsync=config.fsync, archive=config.keep_log)
         secret = load_secret(config.secret_file) if config.secret_file else None
         self.auth = PeerAuth(self.id, secret, skew=config.peer_auth_skew)
-        link_ssl = peer_ssl(config)
-        self.links: dict[str, PeerLink] = {
-            pid: PeerLink(self.id, pid, *config.dial_addr(pid),
-                          connect_timeout=config.peer_connect_timeout,
-                          max_inflight_frames=config.max_inflight_frames, auth=self.auth,
-                          ssl_context=link_ssl)
-            for pid, _, _ in config.peers if pid != self.id
-        }
+        self.links: dict[str, PeerLink] = (dict(links) if links is not None
+                                           else self._dial(config))
         self.metrics = NodeMetrics()
         # (table, key, origin) -> resolved when the settle pass under way for it ends
         self.settling: dict[tuple[str, str, str], asyncio.Future[None]] = {}
         self.detector = FailureDetector(
             list(self.links), interval=config.heartbeat_interval,
-            threshold=config.phi_threshold, timeout=config.failure_timeout)
+            threshold=config.phi_threshold, timeout=config.failure_timeout, clock=monotonic)
         self.detector.on_change = self._peer_changed
         # Every member counts as live until heartbeats run (the server starts them): a guess
         # from one failed connection would move a key's leader for no good reason.
@@ -80,20 +83,30 @@ class Node:
         self.ready = False  # set once in-doubt ops are settled and dedup state pulled
         self.checked = checks.Checked(config.window, clock)
         # Ops claimed here for a node checking them (or by this node's own check)
-        self.claims = checks.Claims()
+        self.claims = checks.Claims(monotonic)
         self.hints = Hints(config.max_hints)
         self._degraded_until = 0.0  # a restart sets it (recover), so does a peer gone silent
         self._silent: set[str] = set()
         self._bg: set[asyncio.Task[Any]] = set()
         self.leader = Leader(
             config, self.ring, self.state, self.log, self.links, self.metrics, self.claims,
-            self.hints, clock=clock, spawn=self.spawn,
+            self.hints, clock=clock, monotonic=monotonic, spawn=self.spawn,
             settle_key=lambda t, k, o: settle.settle_key(self, t, k, o),
             settle_one=lambda item: settle.settle_one(self, item),
             release_claims=lambda t, k, op_id: checks.release_claims(self, t, k, op_id))
         self.replica = Replica(self.state, self.log, self.claims, self.metrics, clock=clock)
         self.coordinator = Coordinator(self.id, config, self.ring, self.links, self.metrics,
-                                       lead=self.lead, is_live=lambda: self.is_live)
+                                       lead=self.lead, is_live=lambda: self.is_live,
+                                       clock=clock)
+
+    def _dial(self, config: NodeConfig) -> dict[str, PeerLink]:
+        """One TCP ``PeerLink`` per peer (the production transport)."""
+        link_ssl = peer_ssl(config)
+        return {pid: PeerLink(self.id, pid, *config.dial_addr(pid),
+                              connect_timeout=config.peer_connect_timeout,
+                              max_inflight_frames=config.max_inflight_frames, auth=self.auth,
+                              ssl_context=link_ssl)
+                for pid, _, _ in config.peers if pid != self.id}
 
     @property
     def pending(self) -> dict[str, ItemFields]:
@@ -146,7 +159,7 @@ class Node:
     def recently_degraded(self) -> bool:
         """A peer was down (or this node restarted) within the window: another leader may
         have applied ops this one never saw, so non-primary leads are checked on the replicas."""
-        return time.monotonic() < self._degraded_until
+        return self.monotonic() < self._degraded_until
 
     def _peer_changed(self, peer: str, live: bool) -> None:
         # A peer never heard from yet (still starting), or that said it is recovering, was not
@@ -154,7 +167,7 @@ class Node:
         d = self.detector.peers[peer]
         silent = not live and d.ready and d.heard
         if silent or live and peer in self._silent:
-            self._degraded_until = time.monotonic() + self.config.window
+            self._degraded_until = self.monotonic() + self.config.window
         if live:
             self._silent.discard(peer)
             self.spawn(self._caught_up(peer))
@@ -179,7 +192,7 @@ class Node:
         raises a pair that peers may know a higher value of: a record replicated but lost from
         our own log tail in a crash cannot collide with what we apply after the restart.
         """
-        self.origin = f"{self.id}@{next_incarnation(Path(self.config.data_dir))}"
+        self.origin = f"{self.id}@{self._incarnation()}"
         self.state.set_origin(self.origin)
         await self.log.start()
         blob = self.log.load_snapshot()
@@ -202,7 +215,7 @@ class Node:
         self.state.set_pending(list(pending.values()))  # unpublished: hidden until settled
         self.metrics.replayed = count
         if count or blob is not None:  # a restart: others may have led our keys meanwhile
-            self._degraded_until = time.monotonic() + self.config.window
+            self._degraded_until = self.monotonic() + self.config.window
         return count
 
     async def prepare(self) -> None:
@@ -270,7 +283,7 @@ class Node:
         if kind == Kind.REPLICATE:
             return self.replica.on_replicate(body)  # None once durable, False if refused
         if kind == Kind.FORWARD:
-            return self.lead(unstamped(body, stale_after_ms(self.config)))
+            return self.lead(unstamped(body, stale_after_ms(self.config), self.clock()))
         if kind == Kind.READ:
             return self.replica.on_read(body)
         if kind == Kind.REPAIR:

@@ -1,0 +1,148 @@
+"""The simulated disk: ``SimLog`` has ``DurableLog``'s API over an in-memory ``SimDisk``.
+
+Group commit as the real writer does it: appends queue, and one fsync a few virtual
+milliseconds later makes every queued frame durable at once and resolves their futures. A crash
+(``abort``) loses what was queued and not yet synced. Records are encoded and decoded by the real
+``cluster.wal`` code (``encode_records``, ``encode_columns``, ``decode_segment``), so a record
+that would not survive the real log does not survive this one either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import msgpack
+
+from cluster.wal import LogRecord, decode_segment, encode_columns, encode_records
+from cluster.wal.errors import LogClosedError
+from cluster.wal.stats import LogStats, _MutableStats
+
+__all__ = ["SimDisk", "SimLog"]
+
+_SNAPSHOT = object()  # queue marker: a snapshot cut
+
+
+class SimDisk:
+    """What survives a crash of one node: fsynced frames after the latest durable snapshot,
+    that snapshot, and the incarnation counter."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.frames: list[bytes] = []
+        self.snapshot: bytes | None = None
+        self.incarnation = 0
+        self.fsyncs = 0
+        self.archive: list[bytes] = []  # every frame ever synced, for post-mortems only
+
+    def next_incarnation(self) -> int:
+        self.incarnation += 1  # the real counter is fsynced before recover() goes on
+        return self.incarnation
+
+
+class SimLog:
+    """``DurableLog`` on a ``SimDisk``: start, stop, abort, replay, load_snapshot,
+    write_snapshot, append_nowait, append_columns_nowait, stats."""
+
+    def __init__(self, disk: SimDisk, *, fsync_delay: float = 0.002) -> None:
+        self.disk = disk
+        self.fsync_delay = fsync_delay
+        self._pack = msgpack.Packer().pack
+        self._queue: list[tuple[object, int, asyncio.Future[None]]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._running = False
+        self._started = False
+        self._on_disk: list[bytes] = []
+        self._snapshot: bytes | None = None
+        self._stats = _MutableStats()
+
+    async def start(self) -> None:
+        if self._started:
+            raise RuntimeError("SimLog.start() called twice")
+        self._started = self._running = True
+        self._loop = asyncio.get_running_loop()
+        self._on_disk, self._snapshot = list(self.disk.frames), self.disk.snapshot
+
+    async def stop(self) -> None:
+        if self._running:
+            self._sync()
+        self._running = False
+
+    def abort(self) -> None:
+        """A crash: what was not fsynced is gone, its appends fail."""
+        self._running = False
+        if self._timer is not None:
+            self._timer.cancel()
+        closed = LogClosedError("log aborted before the records were durable")
+        for _, _, fut in self._queue:
+            if not fut.done():
+                fut.set_exception(closed)
+                fut.exception()
+        self._queue.clear()
+
+    def load_snapshot(self) -> bytes | None:
+        if not self._started:
+            raise LogClosedError("load_snapshot() before start()")
+        return self._snapshot
+
+    def replay(self) -> Iterator[LogRecord]:
+        if not self._started:
+            raise LogClosedError("replay() before start()")
+        path = Path(f"sim:{self.disk.name}")
+        for data in self._on_disk:
+            yield from decode_segment(path, data)
+
+    def stats(self) -> LogStats:
+        return self._stats.freeze()
+
+    def append_nowait(self, records: Sequence[LogRecord]) -> asyncio.Future[None]:
+        data = encode_records(records, self._pack) if records else b""
+        return self._enqueue(data, len(records))
+
+    def append_columns_nowait(self, kind: int | Sequence[int], op_id: Sequence[str],
+                              table: str | Sequence[str], key: str | Sequence[str],
+                              delta: int | Sequence[int], origin: str | Sequence[str],
+                              p: int | Sequence[int], n: int | Sequence[int],
+                              ts: float | Sequence[float]) -> asyncio.Future[None]:
+        data = encode_columns((kind, op_id, table, key, delta, origin, p, n, ts), self._pack)
+        return self._enqueue(data, len(op_id))
+
+    async def write_snapshot(self, make_blob: Callable[[], bytes]) -> None:
+        """The blob covers every record appended before this call; it replaces them on the
+        disk at the fsync that makes it durable (records appended later stay)."""
+        blob = make_blob()
+        await self._enqueue(_SNAPSHOT, 0, blob)
+
+    def _enqueue(self, data: object, count: int, blob: bytes = b"") -> asyncio.Future[None]:
+        if not self._running or self._loop is None:
+            raise LogClosedError("append to a log that is not running")
+        fut: asyncio.Future[None] = self._loop.create_future()
+        if data == b"":
+            fut.set_result(None)
+            return fut
+        self._queue.append((blob if data is _SNAPSHOT else data, -1 if data is _SNAPSHOT
+                            else count, fut))
+        if self._timer is None:
+            self._timer = self._loop.call_later(self.fsync_delay, self._sync)
+        return fut
+
+    def _sync(self) -> None:
+        """One group commit: everything queued becomes durable, in order."""
+        self._timer = None
+        if not self._running:
+            return
+        disk, queue = self.disk, self._queue
+        self._queue = []
+        disk.fsyncs += 1
+        for data, count, fut in queue:
+            assert isinstance(data, bytes)
+            if count < 0:  # a snapshot: it covers every frame before it
+                disk.snapshot, disk.frames = data, []
+            else:
+                disk.frames.append(data)
+                disk.archive.append(data)
+                self._stats.add_batch(count, len(data), None)
+            if not fut.done():
+                fut.set_result(None)

@@ -1,0 +1,241 @@
+"""One seed end to end: boot, workload under the nemesis, heal, quiet, final reads, check.
+
+Everything random is drawn from ``random.Random`` instances seeded from the seed (network,
+nemesis, each client), and every clock is the ``SimLoop``'s, so a seed replays byte for byte
+(given one ``PYTHONHASHSEED``: ``python -m cluster.sim`` pins it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from client.checker import CounterReport, check
+from cluster.core.shards import ShardStore
+from cluster.sim.clients import History, Workload, client_tasks, final_reads
+from cluster.sim.loop import SimLoop
+from cluster.sim.net import Faults, SimNet
+from cluster.sim.world import World
+
+DEFAULT_FAULTS = ("drop", "delay", "duplicate", "partition", "crash", "pause")
+FAULTS = (*DEFAULT_FAULTS, "skew")  # skew: opt-in, each node's wall clock offset
+BREAKS = ("dedup", "hide")  # test-only switches that must make the checker fail
+
+
+@dataclass
+class Options:
+    seed: int = 0
+    nodes: int = 5
+    rf: int = 3
+    ops: int = 200
+    faults: tuple[str, ...] = DEFAULT_FAULTS
+    breaks: tuple[str, ...] = ()
+    clients: int = 6
+    keys: int = 4
+    quiet: float = 15.0  # virtual seconds of calm after healing, before the final reads
+
+    def command(self) -> str:
+        cmd = (f"python -m cluster.sim --nodes {self.nodes} --rf {self.rf} --seed {self.seed} "
+               f"--ops {self.ops} --faults {','.join(self.faults) or 'none'}")
+        return cmd + (f" --break {','.join(self.breaks)}" if self.breaks else "")
+
+
+@dataclass
+class Result:
+    options: Options
+    history: list[dict[str, Any]]
+    report: CounterReport
+    virtual_s: float
+    real_s: float
+    trace: list[str] = field(default_factory=list)  # the nemesis' actions, with times
+    errors: list[str] = field(default_factory=list)
+    world: World | None = None  # what the disks kept, for a post-mortem
+
+    @property
+    def ok(self) -> bool:
+        return self.report.valid and not self.errors
+
+    def line(self) -> str:
+        r = self.report
+        head = (f"seed {self.options.seed}: {'ok' if self.ok else 'VIOLATION'} ops={r.ops} "
+                f"acked={r.acknowledged} info={r.indeterminate} reads={r.reads} "
+                f"virtual={self.virtual_s:.1f}s real={self.real_s:.2f}s")
+        if self.ok:
+            return head
+        probs = "; ".join(r.problems + self.errors)
+        return f"{head}\n  {probs}\n  replay: {self.options.command()}"
+
+
+class _Nemesis:
+    """Fault episodes (at most two at a time), drawn from the nemesis' own random stream."""
+
+    def __init__(self, world: World, rng: random.Random, faults: tuple[str, ...]) -> None:
+        self.world, self.rng = world, rng
+        self.kinds = [f for f in ("partition", "crash", "pause") if f in faults]
+        self.cuts: list[set[tuple[str, str]]] = []
+        self.trace: list[str] = []
+        self.stopping = False
+
+    def note(self, what: str) -> None:
+        self.trace.append(f"{asyncio.get_running_loop().time():9.3f} {what}")
+
+    async def run(self) -> None:
+        running: set[asyncio.Task[None]] = set()
+        while not self.stopping:
+            await asyncio.sleep(self.rng.uniform(0.3, 2.0))
+            if self.kinds and len(running) < 2 and not self.stopping:
+                task = asyncio.ensure_future(self.episode(self.rng.choice(self.kinds)))
+                running.add(task)
+                task.add_done_callback(running.discard)
+        if running:
+            await asyncio.gather(*running)
+
+    async def episode(self, kind: str) -> None:
+        w, rng = self.world, self.rng
+        ids = w.ids
+        hold = rng.uniform(0.5, 5.0)
+        if kind == "partition":
+            cut = self.cut(rng.choice(("isolate", "halves", "oneway")), ids)
+            self.cuts.append(cut)
+            w.net.blocked = set().union(*self.cuts)
+            self.note(f"partition {sorted(cut)} for {hold:.2f}s")
+            await asyncio.sleep(hold)
+            self.cuts.remove(cut)
+            w.net.blocked = set().union(*self.cuts)
+            self.note(f"heal {sorted(cut)}")
+            return
+        host = w.hosts[rng.choice(ids)]
+        if host.node is None or host.paused:
+            return
+        if kind == "crash":
+            w.crash(host)
+            self.note(f"crash {host.id} for {hold:.2f}s")
+            await asyncio.sleep(hold)
+            w.restart(host)
+            self.note(f"restart {host.id}")
+        else:
+            w.pause(host)
+            self.note(f"pause {host.id} for {hold:.2f}s")
+            await asyncio.sleep(hold)
+            w.resume(host)
+            self.note(f"resume {host.id}")
+
+    def cut(self, how: str, ids: list[str]) -> set[tuple[str, str]]:
+        rng = self.rng
+        if how == "isolate":
+            one = rng.choice(ids)
+            return {(a, b) for a in ids for b in ids if a != b and one in (a, b)}
+        side = set(rng.sample(ids, rng.randint(1, len(ids) - 1)))
+        pairs = {(a, b) for a in side for b in ids if b not in side}
+        if how == "halves":
+            return pairs | {(b, a) for a, b in pairs}
+        return pairs  # one way: side's frames to the others vanish, the others' still arrive
+
+
+async def _until_ready(world: World, limit: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    while loop.time() < deadline:
+        nodes = world.live_nodes()
+        if len(nodes) == len(world.ids) and all(n.ready for n in nodes):
+            return
+        await asyncio.sleep(0.1)
+
+
+async def _quiet(world: World, least: float, limit: float) -> None:
+    """Calm for ``least`` seconds, then until every node is ready with nothing in doubt."""
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(least)
+    deadline = loop.time() + limit
+    while loop.time() < deadline:
+        nodes = world.live_nodes()
+        if (len(nodes) == len(world.ids) and all(n.ready and not n.pending for n in nodes)):
+            return
+        await asyncio.sleep(0.5)
+
+
+async def _main(opts: Options, world: World, history: History, nemesis: _Nemesis) -> None:
+    skew = random.Random(f"{opts.seed}:skew")
+    for host in world.hosts.values():
+        if "skew" in opts.faults:  # each machine's wall clock off by up to max_clock_skew / 2
+            host.skew = skew.uniform(-0.5, 0.5) * host.config.max_clock_skew
+        world.boot(host)
+    await _until_ready(world, 30.0)
+    net = world.net
+    net.faults = Faults(drop=0.02 if "drop" in opts.faults else 0.0,
+                        duplicate=0.02 if "duplicate" in opts.faults else 0.0,
+                        delay=0.05 if "delay" in opts.faults else 0.0)
+    work = Workload(clients=opts.clients, ops=opts.ops, keys=opts.keys)
+    chaos = asyncio.ensure_future(nemesis.run())
+    await asyncio.gather(*client_tasks(world, work, opts.seed, history))
+    nemesis.stopping = True
+    await chaos
+    net.faults = Faults()
+    world.heal()
+    nemesis.note("heal all")
+    await _quiet(world, opts.quiet, 120.0)
+    await final_reads(world, work, history)
+
+
+@contextlib.contextmanager
+def _broken(breaks: tuple[str, ...]) -> Iterator[None]:
+    """``hide``: unpublished deltas become visible at once (``ShardStore.hide`` a no-op)."""
+    saved = ShardStore.hide
+    if "hide" in breaks:
+        ShardStore.hide = lambda self, table, key, origin, delta: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ShardStore.hide = saved  # type: ignore[method-assign]
+
+
+def run_seed(opts: Options) -> Result:
+    overrides: dict[str, Any] = {"dedup": "none"} if "dedup" in opts.breaks else {}
+    net = SimNet(random.Random(f"{opts.seed}:net"))
+    world = World(opts.nodes, opts.rf, net, **overrides)
+    history = History()
+    nemesis = _Nemesis(world, random.Random(f"{opts.seed}:nemesis"), opts.faults)
+    loop = SimLoop()
+    started = time.perf_counter()
+    errors: list[str] = []
+    logging.disable(logging.CRITICAL)
+    try:
+        with _broken(opts.breaks):
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(asyncio.wait_for(
+                    _main(opts, world, history, nemesis), 3600.0))
+            except TimeoutError:
+                errors.append("the run did not finish within 3600 virtual seconds")
+            finally:
+                virtual = loop.time()
+                _shutdown(loop, world)
+    finally:
+        logging.disable(logging.NOTSET)
+        asyncio.set_event_loop(None)
+    report = check(history.events, nodes=world.ids)
+    return Result(opts, history.events, report, virtual, time.perf_counter() - started,
+                  nemesis.trace, errors + world.errors, world)
+
+
+async def _crash_all(world: World) -> None:
+    for host in world.hosts.values():
+        world.crash(host)
+
+
+def _shutdown(loop: SimLoop, world: World) -> None:
+    loop.run_until_complete(_crash_all(world))
+    for _ in range(100):  # cancelled again while one swallows it (see world._reap)
+        tasks = asyncio.all_tasks(loop)
+        if not tasks:
+            break
+        for task in tasks:
+            task.cancel()
+        loop.run_until_complete(asyncio.wait(tasks, timeout=0.01))
+    loop.close()

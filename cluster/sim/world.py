@@ -1,0 +1,178 @@
+"""The simulated cluster: one ``Host`` per node id (its disk survives crashes), each running a
+real ``Node`` on simulated links, log and clocks, with the loops ``cluster.server`` starts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any, cast
+
+from cluster.core.config import NodeConfig, from_mapping
+from cluster.roles.antientropy import antientropy_loop
+from cluster.roles.failure import heartbeat_loop
+from cluster.roles.member import Node
+from cluster.roles.settle import settle_loop
+from cluster.sim.disk import SimDisk, SimLog
+from cluster.sim.net import SimLink, SimNet
+from cluster.transport.peer import PeerLink
+from cluster.wal import DurableLog
+
+log = logging.getLogger("cluster.sim")
+
+EPOCH = 1_800_000_000.0  # the wall clock's reading at virtual time 0
+
+
+class Host:
+    """A machine: a disk that outlives crashes, and the node instance running on it, if any."""
+
+    def __init__(self, node_id: str, config: NodeConfig) -> None:
+        self.id, self.config = node_id, config
+        self.disk = SimDisk(node_id)
+        self.node: Node | None = None
+        self.up = False  # a node instance listens (after recover(), as the real server)
+        self.paused = False
+        self.epoch = 0  # bumped at every start and crash: stale frames are told apart
+        self.skew = 0.0  # this machine's wall clock offset (seconds)
+        self.inbox: list[Callable[[], None]] = []
+        self.outbox: list[tuple[str, Callable[[], None]]] = []
+        self.tasks: dict[asyncio.Task[Any], None] = {}  # ordered: cancelled in start order
+        self.restarts = 0
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self.tasks[task] = None
+        task.add_done_callback(lambda t: self.tasks.pop(t, None))
+        return task
+
+
+class World:
+    def __init__(self, n: int, rf: int, net: SimNet, **overrides: Any) -> None:
+        self.net = net
+        ids = [f"n{i + 1}" for i in range(n)]
+        peers = ",".join(f"{nid}=127.0.0.1:{7101 + i}" for i, nid in enumerate(ids))
+        base: dict[str, Any] = {"rf": rf, "fsync": False, "peers": peers, **overrides}
+        self.hosts = {nid: Host(nid, from_mapping({
+            **base, "node_id": nid, "listen": f"127.0.0.1:{7101 + i}",
+            "data_dir": f"/nonexistent/idc-sim/{nid}"})) for i, nid in enumerate(ids)}
+        net.hosts = self.hosts
+        self.ids = ids
+        self.errors: list[str] = []
+
+    def wall(self, host: Host) -> Callable[[], float]:
+        loop = asyncio.get_running_loop()
+        return lambda: EPOCH + loop.time() + host.skew
+
+    def boot(self, host: Host) -> None:
+        """Start a node instance on ``host`` from what its disk kept."""
+        host.epoch += 1
+        loop = asyncio.get_running_loop()
+        links = {pid: SimLink(self.net, host, pid) for pid in self.ids if pid != host.id}
+        node = Node(host.config, clock=self.wall(host), monotonic=loop.time,
+                    links=cast(dict[str, PeerLink], links),
+                    log=cast(DurableLog, SimLog(host.disk)),
+                    incarnation=host.disk.next_incarnation)
+        host.node = node
+        host.spawn(self._serve(host, node))
+
+    async def _serve(self, host: Host, node: Node) -> None:
+        """What ``NodeServer.start`` does, in its order: recover, listen, heartbeats, settle
+        and catch up (bounded by ``reconcile_timeout``), ready, then the background loops."""
+        try:
+            await self._start(host, node)
+        except Exception as exc:  # the real process would exit: so does this instance
+            self.errors.append(f"{host.id} failed to start: {exc!r}")
+            self.crash(host)
+
+    async def _start(self, host: Host, node: Node) -> None:
+        cfg = host.config
+        await node.recover()
+        host.up = True
+        node.use_detector()
+        host.spawn(heartbeat_loop(node, node.detector, cfg.heartbeat_interval))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(node.prepare(), cfg.reconcile_timeout)
+        node.ready = True
+        host.spawn(settle_loop(node, cfg.quorum_timeout))
+        host.spawn(antientropy_loop(node, cfg.antientropy_interval))
+        host.spawn(_snapshot_loop(node, cfg.snapshot_interval))
+        host.spawn(_sweep_loop(node, 4 * cfg.quorum_timeout))
+
+    def crash(self, host: Host) -> None:
+        """kill -9 and power loss: unsynced appends gone, every connection to it broken."""
+        if host.node is None:
+            return
+        host.up = host.paused = False
+        host.epoch += 1
+        host.inbox.clear()
+        host.outbox.clear()
+        tasks = list(host.tasks)
+        for task in tasks:
+            task.cancel()
+        _reap(tasks)
+        host.node.abort()
+        host.node = None
+        for other in self.hosts.values():
+            if other.node is not None:
+                link = other.node.links.get(host.id)
+                if isinstance(link, SimLink):
+                    link.lose("peer crashed")
+
+    def restart(self, host: Host) -> None:
+        if host.node is None:
+            host.restarts += 1
+            self.boot(host)
+
+    def pause(self, host: Host) -> None:
+        if host.node is not None:
+            host.paused = True
+
+    def resume(self, host: Host) -> None:
+        """SIGCONT: the frames that waited are delivered now, stale."""
+        if not host.paused:
+            return
+        host.paused = False
+        inbox, outbox = host.inbox, host.outbox
+        host.inbox, host.outbox = [], []
+        for dst, deliver in outbox:
+            self.net.transmit(host.id, dst, deliver)
+        for deliver in inbox:
+            deliver()
+
+    def heal(self) -> None:
+        self.net.blocked.clear()
+        for host in self.hosts.values():
+            self.resume(host)
+            self.restart(host)
+
+    def live_nodes(self) -> list[Node]:
+        return [h.node for h in self.hosts.values() if h.node is not None and h.up]
+
+
+def _reap(tasks: list[asyncio.Task[Any]]) -> None:
+    """Cancel again until they end: Python 3.11's ``wait_for`` drops a cancellation that lands
+    while its inner future completes (here: a link failed by the same crash), and a loop that
+    catches the inner error (``antientropy.sync_all``) would outlive its node."""
+    alive = [t for t in tasks if not t.done()]
+    if alive:
+        for task in alive:
+            task.cancel()
+        asyncio.get_running_loop().call_later(0.01, _reap, alive)
+
+
+async def _snapshot_loop(node: Node, interval: float) -> None:
+    last = node.log.stats().bytes_appended
+    while True:
+        await asyncio.sleep(interval)
+        grown = node.log.stats().bytes_appended - last
+        if grown > 0:
+            last = node.log.stats().bytes_appended
+            await node.log.write_snapshot(node.state.make_blob)
+
+
+async def _sweep_loop(node: Node, max_age: float) -> None:
+    while True:
+        await asyncio.sleep(1.0)
+        for link in node.links.values():
+            link.sweep(max_age=max_age)
