@@ -134,7 +134,7 @@ class Leader:
             if not busy(table, key, own):
                 continue  # settled since: go on at once
             fut = self._key_free.get((table, key))
-            if fut is None:
+            if fut is None or fut.done():  # a done one would make this wait return at once
                 fut = self._key_free[(table, key)] = loop.create_future()
             waits.append(fut)
             unpublished = self.state.unpublished(table, key, self.state.shards.own)
