@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import msgpack
 
 from cluster.core.errors import PeerError
+from cluster.transport.peer import Waiter, resolve_waiters
 from cluster.transport.wire import Kind
 
 
@@ -44,7 +45,7 @@ class Host(Protocol):
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> Any: ...
 
-Waiter = tuple[int, int, "asyncio.Future[Any]"]
+
 _pack = msgpack.Packer(use_bin_type=True).pack
 
 
@@ -174,17 +175,7 @@ class SimLink:
         entry = self._inflight.pop(req_id, None)
         if entry is None or self._closed:
             return
-        waiters = entry[0]
-        if kind == Kind.ERROR:
-            err = PeerError(f"peer {self.peer_id}: {body}")
-            for _, _, fut in waiters:
-                if not fut.done():
-                    fut.set_exception(err)
-            return
-        sliced = isinstance(body, list)
-        for start, count, fut in waiters:
-            if not fut.done():
-                fut.set_result(body[start : start + count] if sliced else body)
+        resolve_waiters(self.peer_id, entry[0], kind, body)
 
     def lose(self, why: str) -> None:
         """The connection broke (the peer crashed): every open call fails."""

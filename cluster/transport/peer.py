@@ -157,6 +157,21 @@ class _Batch:
         self.waiters: list[Waiter] = []
 
 
+
+def resolve_waiters(peer_id: str, waiters: list[Waiter], kind: int, body: Any) -> None:
+    """Answer the calls merged into one frame: each gets its slice of a list reply (or the
+    whole reply), or every one the peer's error."""
+    if kind == Kind.ERROR:
+        err = PeerError(f"peer {peer_id}: {body}")
+        for _, _, fut in waiters:
+            if not fut.done():
+                fut.set_exception(err)
+        return
+    sliced = isinstance(body, list)
+    for start, count, fut in waiters:
+        if not fut.done():
+            fut.set_result(body[start : start + count] if sliced else body)
+
 class PeerLink:
     """Outbound connection to one peer, connected lazily and again after a loss."""
 
@@ -269,18 +284,8 @@ class PeerLink:
         entry = self._inflight.pop(req_id, None)
         if entry is None:
             return
-        waiters = entry[0]
         self._release(entry[2])
-        if kind == Kind.ERROR:
-            err = PeerError(f"peer {self.peer_id}: {body}")
-            for _, _, fut in waiters:
-                if not fut.done():
-                    fut.set_exception(err)
-            return
-        sliced = isinstance(body, list)
-        for start, count, fut in waiters:
-            if not fut.done():
-                fut.set_result(body[start : start + count] if sliced else body)
+        resolve_waiters(self.peer_id, entry[0], kind, body)
 
     def forget_failure(self) -> None:
         """Let the next call try to connect again at once (a peer that was still starting)."""

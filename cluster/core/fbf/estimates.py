@@ -7,6 +7,7 @@ base class whose methods read the filter's fills (exact, from the words) and gen
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 import numpy as np
@@ -16,7 +17,7 @@ from cluster.core.fbf import layout
 from cluster.core.fbf_model import fbf_fpp, shared_fpp
 
 
-class Estimates:
+class Estimates(ABC):
     """Estimates over the state ``ForgetfulBloomFilter`` keeps (declared here, set there)."""
 
     k: int
@@ -26,11 +27,13 @@ class Estimates:
     _nf: int
     _gens: list[float]
 
+    @abstractmethod
     def _catch_up(self) -> None:
-        raise NotImplementedError
+        """Run the refreshes that are due (the filter's own)."""
 
+    @abstractmethod
     def _sync_loads(self) -> None:
-        raise NotImplementedError
+        """Fold the inserts not yet counted into the generation loads (the filter's own)."""
 
     def fills(self) -> list[float]:
         """Exact fraction of set bits of each constituent filter, in age order."""
