@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import msgpack
 
@@ -52,6 +52,47 @@ class Dedup(Protocol):
     def to_bytes(self) -> bytes:
         """Versioned snapshot, starting with the strategy's name; ``load_dedup`` inverts it."""
         ...
+
+
+class _Filter(Protocol):
+    """What a filter structure offers the strategy wrapping it."""
+
+    @property
+    def window(self) -> float: ...
+
+    def nbytes(self) -> int: ...
+
+    def estimated_fpp(self) -> float: ...
+
+    def __contains__(self, item: bytes) -> bool: ...
+
+
+F = TypeVar("F", bound=_Filter)
+
+
+class FilterBacked(Generic[F]):
+    """A strategy that is one filter structure (``fbf``, ``dleft-window``): the calls that only
+    forward to it, and ``filter``, which anti-entropy merges replicas through."""
+
+    def __init__(self, f: F) -> None:
+        self._f = f
+
+    @property
+    def filter(self) -> F:
+        return self._f
+
+    def __contains__(self, op_id: bytes) -> bool:
+        return op_id in self._f
+
+    def nbytes(self) -> int:
+        return self._f.nbytes()
+
+    @property
+    def window(self) -> float:
+        return self._f.window
+
+    def estimated_fpp(self) -> float:
+        return self._f.estimated_fpp()
 
 
 class OneByOne:

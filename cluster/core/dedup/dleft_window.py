@@ -40,7 +40,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from cluster.core.dedup._base import Clock, check_version, design_items, frame
+from cluster.core.dedup._base import Clock, FilterBacked, check_version, design_items, frame
 from cluster.core.dedup.dleft import DTYPES, MASK32, DLeftHash, buckets_for, cell_bits_for
 from cluster.core.hashing import SEED, _murmur
 
@@ -335,42 +335,21 @@ class DLeftWindowFilter:
     __hash__ = None  # type: ignore[assignment]  # mutable
 
 
-class DLeftWindowDedup:
+class DLeftWindowDedup(FilterBacked[DLeftWindowFilter]):
     """``DLeftWindowFilter`` as a dedup strategy (``--dedup dleft-window``)."""
 
     name: str = "dleft-window"
-
-    def __init__(self, f: DLeftWindowFilter) -> None:
-        self._f = f
 
     @classmethod
     def for_window(cls, window: float, rate: float, target_fpp: float,
                    clock: Clock = time.time) -> DLeftWindowDedup:
         return cls(DLeftWindowFilter.for_window(window, rate, target_fpp, clock))
 
-    @property
-    def filter(self) -> DLeftWindowFilter:
-        """The structure; anti-entropy merges replicas through ``filter.merge``."""
-        return self._f
-
     def seen_or_add(self, op_id: bytes) -> bool:
         return self._f.seen_or_add(op_id)
 
     def seen_or_add_many(self, op_ids: Sequence[bytes]) -> list[bool]:
         return self._f.seen_or_add_many(op_ids)
-
-    def __contains__(self, op_id: bytes) -> bool:
-        return op_id in self._f
-
-    def nbytes(self) -> int:
-        return self._f.nbytes()
-
-    @property
-    def window(self) -> float:
-        return self._f.window
-
-    def estimated_fpp(self) -> float:
-        return self._f.estimated_fpp()
 
     def stats(self) -> dict[str, float]:
         f = self._f

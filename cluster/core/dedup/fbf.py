@@ -14,27 +14,20 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from cluster.core.dedup._base import Clock, check_version, frame
+from cluster.core.dedup._base import Clock, FilterBacked, check_version, frame
 from cluster.core.fbf import ForgetfulBloomFilter
 
 
-class FBFDedup:
+class FBFDedup(FilterBacked[ForgetfulBloomFilter]):
     """A ``ForgetfulBloomFilter`` sized for (window, rate, target_fpp)."""
 
     name: str = "fbf"
-
-    def __init__(self, f: ForgetfulBloomFilter) -> None:
-        self._f = f
 
     @classmethod
     def for_window(
         cls, window: float, rate: float, target_fpp: float, clock: Clock = time.time
     ) -> FBFDedup:
         return cls(ForgetfulBloomFilter.for_window(window, rate, target_fpp, clock=clock))
-
-    @property
-    def filter(self) -> ForgetfulBloomFilter:
-        return self._f
 
     def seen_or_add(self, op_id: bytes) -> bool:
         return not self._f.add(op_id)
@@ -44,19 +37,6 @@ class FBFDedup:
         if len(op_ids) == 1:
             return [not self._f.add(op_ids[0])]
         return (~self._f.add_many(op_ids)).tolist()
-
-    def __contains__(self, op_id: bytes) -> bool:
-        return op_id in self._f
-
-    def nbytes(self) -> int:
-        return self._f.nbytes()
-
-    @property
-    def window(self) -> float:
-        return self._f.window
-
-    def estimated_fpp(self) -> float:
-        return self._f.estimated_fpp()
 
     def stats(self) -> dict[str, float]:
         f = self._f
