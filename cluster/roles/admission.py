@@ -51,13 +51,15 @@ def expired(window_s: float, age_ms: int) -> bool:
     return age_ms > 0 and window_s > 0 and age_ms > window_s * 1000.0
 
 
-def needs_check(op: Op, degraded: bool) -> bool:
+def needs_check(op: Op, degraded: bool,
+                suspected: Callable[[str, str], bool] | None = None) -> bool:
     """A retry, or any op while this node saw a peer down (or restarted) within the window: it
     may lead a key only because the primary is down, or be a primary that was cut off or
     paused while another replica led its keys (a copy held in its socket buffer would
-    otherwise be applied a second time)."""
-    _table, _key, _op_id, _delta, attempt = op  # unpacked: a plain tuple works too
-    return attempt > 1 or degraded
+    otherwise be applied a second time). Also an op whose id a replica's dedup held when this
+    node started (``suspected``: ``NodeState.suspected``, while it has pulled state)."""
+    table, _key, op_id, _delta, attempt = op  # unpacked: a plain tuple works too
+    return attempt > 1 or degraded or (suspected is not None and suspected(table, op_id))
 
 
 class Admission:

@@ -9,9 +9,10 @@
   entry (origin-sorted, so row layouts do not matter). Peers swap digests and then the entries
   of the buckets that differ, and both max-merge. Runs every ``antientropy_interval``, when a
   peer comes back, and at start.
-- **Dedup pull**: before serving, a node OR-merges into each table's dedup the state of its
-  replicas (FBF generations aligned by epoch; exact ids with their age; strategies with no merge
-  are left as replayed), so a retry of an op applied while it was down is still recognised.
+- **Dedup pull**: before serving, a node takes each table's dedup state from its replicas and
+  keeps it for the window beside its own (``take_pulled``): an op whose id a replica held is
+  checked on the replicas before it is applied, so a retry (or a stale first attempt) of an op
+  applied while this node was down is still recognised.
 """
 
 from __future__ import annotations
@@ -171,34 +172,29 @@ def on_dedup(node: Node, tables: list[str]) -> dict[str, bytes]:
     return {t: node.state.dedup(t).to_bytes() for t in names}
 
 
-def merge_dedup(node: Node, table: str, blob: bytes) -> bool:
-    """OR a peer's dedup state of ``table`` into ours; False when the strategies cannot merge."""
+def take_pulled(node: Node, table: str, blob: bytes) -> bool:
+    """Keep a replica's dedup state of ``table`` as *pulled*: an op whose id it holds is
+    checked on the replicas before it is applied (``NodeState.suspected``). Not merged into our
+    own dedup: a HOLDS answer must say "held" only for an op this node saw applied (its own
+    application, a REPLICATE, a check that learned it with its entry); a peer's dedup also holds
+    the ids of ops still in doubt there, which that peer may yet withdraw. False when the blob
+    does not load as the table's strategy."""
     from cluster.core.dedup import load_dedup
     from cluster.core.dedup._base import unframe
 
-    ours = node.state.dedup(table)
     try:
-        name, _version, payload = unframe(blob)
-        if name != ours.name:
+        name, _version, _payload = unframe(blob)
+        if name != node.state.dedup(table).name:
             return False
-        if hasattr(ours, "filter"):
-            theirs: Any = load_dedup(blob, clock=node.clock)
-            ours.filter.merge(theirs.filter)
-            return True
-        if name == "exact":
-            window, items = payload
-            now = node.clock()
-            for op_id, t in items:
-                if now - t <= window:
-                    ours.seen_or_add(op_id)
-            return True
+        node.state.add_pulled(table, load_dedup(blob, clock=node.clock))
+        return True
     except (ValueError, TypeError) as exc:
-        log.info("dedup of %s not merged: %s", table, exc)
+        log.info("dedup of %s not pulled: %s", table, exc)
     return False
 
 
 async def pull_dedup(node: Node) -> int:
-    """Merge every live replica's dedup state into ours; the number of tables merged."""
+    """Take every live replica's dedup state (``take_pulled``); the number of tables taken."""
     merged = 0
     for peer, link in node.links.items():
         try:
@@ -208,7 +204,7 @@ async def pull_dedup(node: Node) -> int:
             log.log(_failure_level(node), "dedup pull from %s failed: %r", peer, exc)
             continue
         for table, blob in blobs.items():
-            merged += merge_dedup(node, table, blob)
+            merged += take_pulled(node, table, blob)
     return merged
 
 

@@ -251,9 +251,10 @@ async def lead_checked(node: Node, ops: list[Op]) -> list[int]:
     checks = []
     idx_checked: list[int] = []
     degraded = node.recently_degraded()
+    suspected = node.state.suspected if node.state.pulled else None
     for i, op in enumerate(ops):
         table, _key, op_id, _delta, _attempt = op
-        if needs_check(op, degraded) and op_id.encode() not in node.state.dedup(table):
+        if needs_check(op, degraded, suspected) and op_id.encode() not in node.state.dedup(table):
             idx_checked.append(i)
             checks.append(_check_one(node, op))
         else:

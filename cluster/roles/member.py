@@ -274,7 +274,9 @@ class Node:
             return done
         if self.is_live == self.detector.is_live:
             self.detector.check_all()  # after a pause, see the silence before leading anything
-        if any(needs_check(op, self.recently_degraded()) for op in ops):
+        degraded = self.recently_degraded()
+        suspected = self.state.suspected if self.state.pulled else None
+        if any(needs_check(op, degraded, suspected) for op in ops):
             return asyncio.ensure_future(checks.lead_checked(self, list(ops)))
         return self.leader.submit(ops)
 

@@ -50,6 +50,12 @@ class NodeState:
         # Ops this node applied and then withdrew (op id -> time): it does not count them, and
         # says so when asked, so the leader whose application stands is never mistaken for it.
         self.withdrawn: dict[str, float] = {}
+        # Dedup state pulled from the replicas at start (table -> their dedups), until
+        # ``pulled_until`` (wall clock): an id in it only makes an op go through the check
+        # (``suspected``). It is never answered as held: it may be another node's op still in
+        # doubt, which only that node's settling may decide (``cluster.roles.settle``).
+        self.pulled: dict[str, list[Any]] = {}
+        self.pulled_until = 0.0
 
     def set_origin(self, origin: str) -> None:
         """The origin id this node raises from now on (a fresh incarnation)."""
@@ -142,6 +148,23 @@ class NodeState:
             for i, flag in zip(idx, flags, strict=True):
                 out[i] = flag
         return out
+
+    def add_pulled(self, table: str, dedup: Any) -> None:
+        """A replica's dedup of ``table``: its ids make ops suspect for the window."""
+        self.pulled.setdefault(table, []).append(dedup)
+        self.pulled_until = max(self.pulled_until,
+                                self.clock() + max(float(dedup.window), self.config.window))
+
+    def suspected(self, table: str, op_id: str) -> bool:
+        """A replica held ``op_id`` when this node started: check it before applying."""
+        pulled = self.pulled.get(table)
+        if not pulled:
+            return False
+        if self.clock() > self.pulled_until:
+            self.pulled.clear()  # every retry of what they held is expired by now
+            return False
+        raw = op_id.encode()
+        return any(raw in d for d in pulled)
 
     def window(self, table: str) -> float:
         """Seconds within which a retry on ``table`` is recognised (the node's op_expired limit)."""
