@@ -439,3 +439,90 @@ async def test_a_replica_refuses_a_copy_of_an_op_claimed_for_another_leader(
         assert n3.claims.holder("x:1") is None and n3.claims.fence("x:1") == "n2"
         assert await n1.links["n3"].call(Kind.REPLICATE, copy[:1]) is False  # still fenced
         assert n3.state.shards.entry("t", key).value() == 5
+
+
+async def test_a_duplicate_is_answered_only_once_the_op_is_visible_on_a_quorum(
+        tmp_path: Path) -> None:
+    """The read window the simulator found (seed 16): n1 applies c7:1 and its copy reaches n2,
+    but n2's ack is lost, so n1 holds the op in doubt and hides it. The client's retry reaches
+    n2 (n1 cut off), which holds the id: before answering "duplicate" it makes sure W replicas
+    show the op (here by pushing its entry to n3). Without that, a quorum read of n1 and n3
+    would miss an acknowledged op until n1 settles."""
+    key = key_with(("n1", "n2", "n3"))
+    client = Client()
+    try:
+        async with cluster(tmp_path) as c:
+            n1, n2, n3 = (c.servers[n].node for n in ("n1", "n2", "n3"))
+            c.fault("n1", "n2", {Kind.REPLICATE, Kind.HOLDS})
+            c.fault("n1", "n3", {Kind.REPLICATE, Kind.HOLDS})
+            status, _ = await client.add(c.url("n1"), "t", key, "c7:1", 5)
+            assert status == 503 and "c7:1" in n1.pending  # in doubt, hidden on n1
+            c.heal()  # the copy reaches n2 after all; its ack is "lost" (not counted by n1)
+            assert await n1.links["n2"].call(Kind.REPLICATE, [list(n1.pending["c7:1"])]) is None
+            assert n2.state.shards.entry("t", key).value() == 5
+            assert n3.state.shards.entry("t", key).value() == 0
+            isolate(c, "n1")
+            c.fault("n2", "n3", {Kind.DIGEST})  # no anti-entropy meanwhile: n3 must learn
+            c.fault("n3", "n2", {Kind.DIGEST})  # the op from the duplicate's confirmation
+            await sees_down(c, "n2", "n1")
+            assert n3.state.shards.entry("t", key).value() == 0
+            status, body = await client.add(c.url("n2"), "t", key, "c7:1", 5, attempt=2)
+            assert (status, body) == (200, {"applied": False, "duplicate": True})
+            # acknowledged: visible on W = 2 replicas other than the one still hiding it
+            assert n3.state.shards.entry("t", key).value() == 5
+            assert "c7:1" in n1.pending and n1.state.shards.entry("t", key).value() == 0
+            c.heal()
+            await until(lambda: _settled(c), 10.0, "n1 to settle c7:1")
+            assert n1.metrics.withdrawn == 0  # published: its copy is the one that stands
+            await converged(c, client, key, 5)
+    finally:
+        await client.close()
+
+
+async def test_a_duplicate_of_an_op_still_in_doubt_at_its_leader_is_503(
+        tmp_path: Path) -> None:
+    """As above, but n1 is reachable and still in doubt about c8:1 (its HOLDS cannot reach
+    the replicas, so it cannot settle yet): n2 must not answer "duplicate" for it."""
+    key = key_with(("n1", "n2", "n3"))
+    client = Client()
+    try:
+        async with cluster(tmp_path) as c:
+            n1, n2 = c.servers["n1"].node, c.servers["n2"].node
+            c.fault("n1", "n2", {Kind.REPLICATE, Kind.HOLDS})
+            c.fault("n1", "n3", {Kind.REPLICATE, Kind.HOLDS})
+            status, _ = await client.add(c.url("n1"), "t", key, "c8:1", 5)
+            assert status == 503 and "c8:1" in n1.pending
+            n1.links["n2"].fault = None
+            assert await n1.links["n2"].call(Kind.REPLICATE, [list(n1.pending["c8:1"])]) is None
+            c.fault("n1", "n2", {Kind.REPLICATE, Kind.HOLDS})
+            dup = n2.leader._apply_batch([("t", key, "c8:1", 5, 2)])  # n2 leads the retry
+            statuses, _own, _groups, waits = dup
+            assert [await w for _i, w in waits] == [False]  # n1 answered IN_DOUBT
+            assert n2.metrics.unconfirmed_duplicates == 1
+            c.heal()
+            await until(lambda: _settled(c), 10.0, "n1 to settle c8:1")
+            await acked(client, c, ["n2", "n3"], key, "c8:1", 5)
+            await converged(c, client, key, 5)
+    finally:
+        await client.close()
+
+
+async def test_pulled_dedup_state_forces_a_check_and_is_never_answered_as_held(
+        tmp_path: Path) -> None:
+    """The acknowledged op withdrawn (simulator seeds 4, 5, 61): a restarted node pulled a
+    peer's dedup, which held the id of that peer's own op still in doubt; answering HOLDS "held"
+    for it made the peer withdraw the op while a retry had been answered "duplicate". Pulled
+    ids now only make an op go through the check."""
+    from cluster.roles.admission import needs_check
+    from cluster.roles.antientropy import take_pulled
+
+    key = key_with(("n1", "n2", "n3"))
+    async with cluster(tmp_path) as c:
+        n2, n3 = c.servers["n2"].node, c.servers["n3"].node
+        n3.state.dedup("t").seen_or_add(b"z:1")
+        assert take_pulled(n2, "t", n3.state.dedup("t").to_bytes())
+        held, _checked, _entry = checks.on_holds(n2, [["t", key, "z:1", checks.QUERY]], "n1")[0]
+        assert held == 0
+        assert n2.state.suspected("t", "z:1") and not n2.state.suspected("t", "z:2")
+        assert needs_check(("t", key, "z:1", 1, 1), False, n2.state.suspected)
+        assert not needs_check(("t", key, "z:2", 1, 1), False, n2.state.suspected)

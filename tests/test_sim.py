@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from cluster.sim.run import Options, Result, run_seed
+from cluster.sim.run import DEFAULT_FAULTS, Options, Result, run_seed
 
 MESSAGES = ("drop", "delay", "duplicate")
 
@@ -61,9 +61,13 @@ def test_visible_unpublished_deltas_are_caught() -> None:
     assert res.report.over_count > 0 or res.report.read_errors
 
 
-@pytest.mark.xfail(strict=True, reason="a real bug the simulator found (docs/sim.md): a retry "
-                   "at a replica holding an unpublished copy is answered 'duplicate', and the "
-                   "original leader later withdraws the op")
-def test_known_bug_seed_5_acknowledged_retry_withdrawn() -> None:
-    res = run_seed(Options(seed=5, ops=200))
+# Seeds the sweeps found (docs/sim.md "Found"), each a violation before its fix: 4 (crashes
+# only), 5 and 61 (every fault): an acknowledged retry withdrawn by the op's leader, because a
+# restarted replica had OR-merged that leader's dedup state (ids of its ops still in doubt);
+# 16: a read below the acknowledged sum, a duplicate answered from a replica's copy while the
+# op's leader still hid it.
+@pytest.mark.parametrize(("seed", "faults"), [(4, ("crash",)), (5, DEFAULT_FAULTS),
+                                              (61, DEFAULT_FAULTS), (16, DEFAULT_FAULTS)])
+def test_regression_seeds(seed: int, faults: tuple[str, ...]) -> None:
+    res = run_seed(Options(seed=seed, ops=200, faults=faults))
     assert res.ok, res.line()

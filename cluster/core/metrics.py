@@ -75,6 +75,7 @@ class Refusals:
 class NodeMetrics:
     applied: int = 0
     duplicates: int = 0
+    unconfirmed_duplicates: int = 0
     unavailable: int = 0
     expired: int = 0
     bad_requests: int = 0
@@ -166,6 +167,8 @@ def render(node: Any, auth: Any = None, edge: Any = None) -> str:
     for name, help_text in (
         ("applied", "ops applied by this node as leader"),
         ("duplicates", "ops answered as duplicates (retries caught, or dedup false positives)"),
+        ("unconfirmed_duplicates", "duplicates answered 503: the op not yet visible on W "
+         "replicas (its leader still settling it, or too few replicas answered)"),
         ("unavailable", "ops or reads answered 503: quorum not met in time"),
         ("expired", "ops refused as older than the dedup window (410)"),
         ("bad_requests", "requests refused as malformed (400/413)"),

@@ -61,7 +61,8 @@ class Node(Host, Protocol):
 
     def lead_plain(self, ops: Sequence[Op]) -> asyncio.Future[list[int]]: ...
 
-    def learn(self, table: str, key: str, op_id: str, entry: CounterEntry) -> None: ...
+    def learn(self, table: str, key: str, op_id: str, entry: CounterEntry
+              ) -> asyncio.Future[None]: ...
 
 log = logging.getLogger("cluster.checks")
 
@@ -296,13 +297,86 @@ async def _check_one(node: Node, op: Op) -> tuple[int | None, float]:
     for _, held, _, entry in answers:
         if held:
             release_claims(node, table, key, op_id)
-            node.learn(table, key, op_id, entry)
+            await node.learn(table, key, op_id, entry)
+            if not (await confirm_duplicates(node, [(table, key, op_id)]))[0]:
+                return _UNAVAILABLE, deadline
             node.metrics.duplicates += 1
             return _DUPLICATE, deadline
     if answered < claims_needed(node):
         release_claims(node, table, key, op_id)
         return _UNAVAILABLE, deadline
     return None, deadline
+
+
+async def confirm_duplicates(node: Node, ops: Sequence[tuple[str, str, str]]) -> list[bool]:
+    """Whether each op (table, key, op id), found in this node's dedup and not unpublished
+    here, may be answered "duplicate": only once its application is visible on W replicas, so
+    that every quorum read after the answer counts it.
+
+    The dedup says the op ran, not that anyone but this node shows it: this node may hold a
+    replica's copy of an op whose leader still hides it (its quorum's acks lost: the leader does
+    not know it stands), or have learned it from such a copy. So the key's other replicas are
+    asked (``HOLDS``, query only): one that has its own application of the op open (IN_DOUBT,
+    BUSY) makes the answer 503 (the client's retry comes back after it is settled); each one
+    whose entry covers this node's shows the op; when fewer than W do, this node's entry is
+    pushed to the others that answered (``REPAIR``, acked once in their log) and each ack
+    counts. An op this node withdrew (another leader's application stands) counts the replicas
+    that hold it instead. ``rf`` = 1: this node alone is the quorum."""
+    w = node.config.quorum
+    by_replica: dict[str, list[int]] = {}
+    for i, (table, key, _op_id) in enumerate(ops):
+        for r in node.ring.preference_list(table, key):
+            if r != node.id:
+                by_replica.setdefault(r, []).append(i)
+    answers: list[list[tuple[str, int, CounterEntry]]] = [[] for _ in ops]
+    futs = {r: node.links[r].call(Kind.HOLDS, [[*ops[i], QUERY] for i in idx])
+            for r, idx in by_replica.items()}
+    if futs:
+        await asyncio.wait(futs.values(), timeout=node.config.quorum_timeout)
+    for r, fut in futs.items():
+        if not fut.done():
+            fut.cancel()
+        elif fut.exception() is None and len(got := fut.result()) == len(by_replica[r]):
+            for i, (held, _checked, entry) in zip(by_replica[r], got, strict=True):
+                answers[i].append((r, int(held), CounterEntry.from_wire(entry)))
+    out = [False] * len(ops)
+    shows = [0] * len(ops)
+    push: dict[str, list[int]] = {}
+    for i, (table, key, op_id) in enumerate(ops):
+        got = answers[i]
+        if any(held in (IN_DOUBT, BUSY) for _, held, _ in got):
+            continue  # its application is still open there: not visible yet
+        if op_id in node.state.withdrawn:
+            out[i] = sum(held == HELD for _, held, _ in got) >= w
+            continue
+        mine = node.state.shards.entry(table, key)
+        lacking = [r for r, _held, entry in got if not entry.dominates(mine)]
+        shows[i] = 1 + len(got) - len(lacking)
+        if shows[i] >= w:
+            out[i] = True
+        elif shows[i] + len(lacking) >= w:
+            for r in lacking:
+                push.setdefault(r, []).append(i)
+    if push:
+        entry = node.state.shards.entry
+        acks = {r: node.links[r].call(Kind.REPAIR, [[ops[i][0], ops[i][1],
+                                                     entry(ops[i][0], ops[i][1]).to_wire()]
+                                                    for i in idx])
+                for r, idx in push.items()}
+        await asyncio.wait(acks.values(), timeout=node.config.quorum_timeout)
+        for r, fut in acks.items():
+            if not fut.done():
+                fut.cancel()
+            elif fut.exception() is None:
+                for i in push[r]:
+                    shows[i] += 1
+        for idx in push.values():
+            for i in idx:
+                out[i] = shows[i] >= w
+    unconfirmed = out.count(False)
+    if unconfirmed:
+        node.metrics.unconfirmed_duplicates += unconfirmed
+    return out
 
 
 def consume(fut: asyncio.Future[Any]) -> None:

@@ -46,8 +46,8 @@ _APPLIED, _DUPLICATE, _UNAVAILABLE = int(Status.APPLIED), int(Status.DUPLICATE),
 
 class Leader:
     """The leader role of one node. Its collaborators are passed in: the node's state, log,
-    links, metrics, claims and hints, and three calls back into the node's recovery (settle a
-    key, settle one op, give back a check's claims)."""
+    links, metrics, claims and hints, and four calls back into the node's recovery (settle a
+    key, settle one op, give back a check's claims, confirm duplicates)."""
 
     def __init__(self, config: NodeConfig, ring: Ring, state: NodeState, log: DurableLog,
                  links: dict[str, PeerLink], metrics: NodeMetrics, claims: Any, hints: Hints,
@@ -56,12 +56,15 @@ class Leader:
                  spawn: Callable[[Coroutine[Any, Any, Any]], None],
                  settle_key: Callable[[str, str, str], Coroutine[Any, Any, None]],
                  settle_one: Callable[[ItemFields], Coroutine[Any, Any, bool]],
-                 release_claims: Callable[[str, str, str], None]) -> None:
+                 release_claims: Callable[[str, str, str], None],
+                 confirm: Callable[[list[tuple[str, str, str]]],
+                                   Coroutine[Any, Any, list[bool]]] | None = None) -> None:
         self.config, self.ring, self.state, self.log = config, ring, state, log
         self.links, self.metrics, self.claims, self.hints = links, metrics, claims, hints
         self.clock = clock
         self._spawn, self._settle_key, self._settle_one = spawn, settle_key, settle_one
         self._release_claims = release_claims
+        self._confirm = confirm  # a duplicate visible on W replicas? (checks.confirm_duplicates)
         self.id = config.node_id
         # op id -> the quorum wait of its application (or publication) under way
         self._inflight: dict[str, asyncio.Future[bool]] = {}
@@ -194,6 +197,7 @@ class Leader:
         applied: list[ItemFields] = []
         groups: dict[tuple[str, ...], list[ItemFields]] = {}
         dup_waits: list[tuple[int, asyncio.Future[bool]]] = []
+        confirms: list[tuple[int, tuple[str, str, str]]] = []
         for (table, key, op_id, delta, _attempt), dup in zip(ops, dups, strict=True):
             if dup:
                 wait = inflight.get(op_id)
@@ -201,6 +205,8 @@ class Leader:
                     wait = asyncio.ensure_future(self._settle_one(pending[op_id]))
                 if wait is not None:
                     dup_waits.append((len(statuses), wait))
+                elif self._confirm is not None:  # ran elsewhere, or published: is it visible?
+                    confirms.append((len(statuses), (table, key, op_id)))
                 statuses.append(_DUPLICATE)
                 continue
             p, n = apply_local(table, key, delta)
@@ -215,6 +221,10 @@ class Leader:
             else:
                 group.append(item)
         self.metrics.duplicates += len(ops) - len(applied)
+        if confirms and self._confirm is not None:
+            confirmed = asyncio.ensure_future(self._confirm([c for _i, c in confirms]))
+            dup_waits.extend(zip([i for i, _c in confirms], _split(confirmed, len(confirms)),
+                                 strict=True))
         if not applied:
             return statuses, None, groups, dup_waits
         op_ids, tables, keys, _origins, ps, ns, deltas, _ts = zip(*applied, strict=True)
@@ -314,3 +324,17 @@ class Leader:
         for table, key, op_id, _, _ in ops:
             if self.targets_of(table, key) == targets:
                 yield op_id
+
+
+def _split(fut: asyncio.Future[list[bool]], n: int) -> list[asyncio.Future[bool]]:
+    """One future per element of ``fut``'s list (False each when it fails)."""
+    loop = asyncio.get_running_loop()
+    parts: list[asyncio.Future[bool]] = [loop.create_future() for _ in range(n)]
+
+    def done(f: asyncio.Future[list[bool]]) -> None:
+        failed = f.cancelled() or f.exception() is not None
+        for part, ok in zip(parts, [False] * n if failed else f.result(), strict=True):
+            part.set_result(ok)
+
+    fut.add_done_callback(done)
+    return parts

@@ -93,7 +93,8 @@ class Node:
             self.hints, clock=clock, monotonic=monotonic, spawn=self.spawn,
             settle_key=lambda t, k, o: settle.settle_key(self, t, k, o),
             settle_one=lambda item: settle.settle_one(self, item),
-            release_claims=lambda t, k, op_id: checks.release_claims(self, t, k, op_id))
+            release_claims=lambda t, k, op_id: checks.release_claims(self, t, k, op_id),
+            confirm=lambda ops: checks.confirm_duplicates(self, ops))
         self.replica = Replica(self.state, self.log, self.claims, self.metrics, clock=clock)
         self.coordinator = Coordinator(self.id, config, self.ring, self.links, self.metrics,
                                        lead=self.lead, is_live=lambda: self.is_live,
@@ -140,8 +141,9 @@ class Node:
                   ) -> asyncio.Future[bool]:
         return self.leader.replicate(targets, items)
 
-    def learn(self, table: str, key: str, op_id: str, entry: CounterEntry) -> None:
-        self.replica.learn(table, key, op_id, entry)
+    def learn(self, table: str, key: str, op_id: str, entry: CounterEntry
+              ) -> asyncio.Future[None]:
+        return self.replica.learn(table, key, op_id, entry)
 
     def on_repair(self, items: list[list[Any]], op_id: str = "") -> asyncio.Future[None]:
         return self.replica.on_repair(items, op_id)

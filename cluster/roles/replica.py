@@ -144,8 +144,10 @@ class Replica:
         entry = self.state.shards.entry
         return [entry(table, key).to_wire() for table, key in items]
 
-    def learn(self, table: str, key: str, op_id: str, entry: CounterEntry) -> None:
-        """A replica holds ``op_id``: remember it and merge the key's entry (logged)."""
+    def learn(self, table: str, key: str, op_id: str, entry: CounterEntry
+              ) -> asyncio.Future[None]:
+        """A replica holds ``op_id``: remember it and merge the key's entry (the future of its
+        log append)."""
         self.state.dedup(table).seen_or_add(op_id.encode())
         self.claims.drop(op_id)
-        self.on_repair([[table, key, entry.to_wire()]], op_id)
+        return self.on_repair([[table, key, entry.to_wire()]], op_id)
