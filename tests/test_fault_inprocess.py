@@ -526,3 +526,21 @@ async def test_pulled_dedup_state_forces_a_check_and_is_never_answered_as_held(
         assert n2.state.suspected("t", "z:1") and not n2.state.suspected("t", "z:2")
         assert needs_check(("t", key, "z:1", 1, 1), False, n2.state.suspected)
         assert not needs_check(("t", key, "z:2", 1, 1), False, n2.state.suspected)
+
+
+async def test_a_forwarded_op_older_than_its_window_is_refused_at_its_leader(
+        tmp_path: Path) -> None:
+    """The simulator's seed 101: a retry forwarded inside the window sat in a paused leader's
+    socket buffer until after it; by then the replicas had forgotten the op's first
+    application, the check passed, and the op counted twice. The FORWARD stamp is the op's
+    birth, so the leader refuses it (``op_expired``) instead."""
+    key = key_with(("n1", "n2", "n3"))
+    async with cluster(tmp_path, window=5.0) as c:
+        n1, n2 = c.servers["n1"].node, c.servers["n2"].node
+        now_ms = int(time.time() * 1000)
+        old = [["t", key, "old:1", 5, 2, now_ms - 6_000]]  # born 6 s ago, window 5 s
+        assert await n2.links["n1"].call(Kind.FORWARD, old) == [int(Status.EXPIRED)]
+        fresh = [["t", key, "new:1", 5, 2, now_ms - 1_000]]
+        assert await n2.links["n1"].call(Kind.FORWARD, fresh) == [int(Status.APPLIED)]
+        assert n1.state.shards.entry("t", key).value() == 5
+        assert b"old:1" not in n1.state.dedup("t")

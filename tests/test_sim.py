@@ -65,9 +65,12 @@ def test_visible_unpublished_deltas_are_caught() -> None:
 # only), 5 and 61 (every fault): an acknowledged retry withdrawn by the op's leader, because a
 # restarted replica had OR-merged that leader's dedup state (ids of its ops still in doubt);
 # 16: a read below the acknowledged sum, a duplicate answered from a replica's copy while the
-# op's leader still hid it.
+# op's leader still hid it; 63: an op in doubt past the window published after the replicas
+# had forgotten the retry another leader applied; 101: a retry that sat in a paused leader's
+# socket buffer past its window, applied a second time.
 @pytest.mark.parametrize(("seed", "faults"), [(4, ("crash",)), (5, DEFAULT_FAULTS),
-                                              (61, DEFAULT_FAULTS), (16, DEFAULT_FAULTS)])
+                                              (61, DEFAULT_FAULTS), (16, DEFAULT_FAULTS),
+                                              (63, DEFAULT_FAULTS), (101, DEFAULT_FAULTS)])
 def test_regression_seeds(seed: int, faults: tuple[str, ...]) -> None:
     res = run_seed(Options(seed=seed, ops=200, faults=faults))
     assert res.ok, res.line()

@@ -140,8 +140,16 @@ def _expired(node: Node, op: CheckedOp) -> bool:
 
 
 def _as_ops(checked: list[CheckedOp]) -> list[Op]:
-    """The ops to submit: each checked op without its ``age_ms`` (used up by ``_expired``)."""
+    """The ops to submit: each checked op without its ``age_ms`` (see ``_births``)."""
     return [Op._make(op[:5]) for op in checked]
+
+
+def _births(node: Node, checked: list[CheckedOp]) -> list[float]:
+    """When the client first sent each op (this node's wall clock less its ``age_ms``): the
+    leader refuses a retry once it is older than the window, however long it took to reach it
+    (``cluster.roles.coordinator``)."""
+    now = node.clock()
+    return [now - op[5] / 1000.0 for op in checked]
 
 
 async def post_counter(request: web.Request) -> web.Response:
@@ -158,7 +166,10 @@ async def post_counter(request: web.Request) -> web.Response:
         age_ms = op[5]
         raise OpExpired(f"op is {age_ms} ms old; this node recognises retries for "
                         f"{node.state.window(table):g} s")
-    status = (await node.submit(_as_ops([op])))[0]
+    status = (await node.submit(_as_ops([op]), _births(node, [op])))[0]
+    if status == _EXPIRED:
+        raise OpExpired(f"op became older than the dedup window ({node.state.window(table):g} s) "
+                        "before its leader could apply it; outcome unknown")
     if status == _UNAVAILABLE or status == int(Status.ERROR):
         raise Unavailable("write quorum not met in time; retry with the same op_id")
     if status == _OVERFLOW:
@@ -179,9 +190,10 @@ async def post_batch(request: web.Request) -> web.Response:
     live = [i for i, op in enumerate(ops) if not _expired(node, op)]
     node.metrics.expired += len(ops) - len(live)
     if len(live) == len(ops):
-        statuses = await node.submit(_as_ops(ops)) if ops else []
+        statuses = await node.submit(_as_ops(ops), _births(node, ops)) if ops else []
     elif live:
-        for i, s in zip(live, await node.submit(_as_ops([ops[i] for i in live])), strict=True):
+        sub = [ops[i] for i in live]
+        for i, s in zip(live, await node.submit(_as_ops(sub), _births(node, sub)), strict=True):
             statuses[i] = s
     if _wants_msgpack(request):
         return web.Response(body=msgpack.packb({"results": [_RESULTS[s] for s in statuses]}),

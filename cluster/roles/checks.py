@@ -59,6 +59,8 @@ class Node(Host, Protocol):
 
     def monotonic(self) -> float: ...
 
+    def clock(self) -> float: ...
+
     def lead_plain(self, ops: Sequence[Op]) -> asyncio.Future[list[int]]: ...
 
     def learn(self, table: str, key: str, op_id: str, entry: CounterEntry
@@ -66,8 +68,8 @@ class Node(Host, Protocol):
 
 log = logging.getLogger("cluster.checks")
 
-_APPLIED, _DUPLICATE, _UNAVAILABLE = (int(Status.APPLIED), int(Status.DUPLICATE),
-                                      int(Status.UNAVAILABLE))
+_APPLIED, _DUPLICATE, _UNAVAILABLE, _EXPIRED = (int(Status.APPLIED), int(Status.DUPLICATE),
+                                                int(Status.UNAVAILABLE), int(Status.EXPIRED))
 # HOLDS answers: in the dedup; applied there and not yet on a quorum (its quorum failed);
 # applied there and withdrawn; undecided there (claimed by another checker, or its own
 # application still waiting for its quorum): ask again later
@@ -245,8 +247,10 @@ def on_holds(node: Node, items: list[list[Any]], peer: str = "?") -> list[list[A
     return out
 
 
-async def lead_checked(node: Node, ops: list[Op]) -> list[int]:
-    """Lead a batch in which some ops need the cross-replica check (see ``needs_check``)."""
+async def lead_checked(node: Node, ops: list[Op], births: Sequence[float] | None = None
+                       ) -> list[int]:
+    """Lead a batch in which some ops need the cross-replica check (see ``needs_check``);
+    ``births``: when the client first sent each op (wall clock; unknown when not given)."""
     statuses = [_UNAVAILABLE] * len(ops)
     plain: list[int] = []
     checks = []
@@ -257,7 +261,7 @@ async def lead_checked(node: Node, ops: list[Op]) -> list[int]:
         table, _key, op_id, _delta, _attempt = op
         if needs_check(op, degraded, suspected) and op_id.encode() not in node.state.dedup(table):
             idx_checked.append(i)
-            checks.append(_check_one(node, op))
+            checks.append(_check_one(node, op, None if births is None else births[i]))
         else:
             plain.append(i)
     results = await asyncio.gather(*checks)
@@ -279,14 +283,29 @@ async def lead_checked(node: Node, ops: list[Op]) -> list[int]:
     return statuses
 
 
-async def _check_one(node: Node, op: Op) -> tuple[int | None, float]:
+async def _check_one(node: Node, op: Op, born: float | None = None
+                     ) -> tuple[int | None, float]:
     """(DUPLICATE when a replica holds the op (learned here), UNAVAILABLE when another
-    application or check of it is open or too few replicas claimed it, None when the op may be
-    applied; the monotonic time until which it may be)."""
+    application or check of it is open or too few replicas claimed it, EXPIRED when it is
+    older than the replicas' memory, None when the op may be applied; the monotonic time until
+    which it may be).
+
+    What the replicas remember of another application of the op (its id, its check's claims)
+    lasts the table's window from that application, which came after the op was ``born``. So
+    the check is worth something only while the op is younger than the window (less the clock
+    skew between this node and the one that stamped the birth); an op applied later might be
+    a second application nobody remembers (a retry that sat in a paused node's socket buffer
+    past its window). The lease is cut short to that limit too."""
     table, key, op_id, _delta, _attempt = op  # unpacked: a caller's plain tuple works too
     node.metrics.retry_checks += 1
     sent = node.monotonic()
     deadline = sent + lease(node, table)
+    if born is not None:
+        left = born + node.state.window(table) - node.config.max_clock_skew - node.clock()
+        if left <= 0:
+            node.metrics.expired += 1
+            return _EXPIRED, deadline
+        deadline = min(deadline, sent + left)
     if not node.claims.take(op_id, node.id, claim_life(node, table)):
         return _UNAVAILABLE, deadline  # another node is checking it: retry decides later
     answered, answers = await ask_holds(node, table, key, op_id)

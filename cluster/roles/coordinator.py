@@ -2,9 +2,14 @@
 
 Any node coordinates. It looks up each op's preference list on the ring and groups the ops by
 leader, the first live member of the list. Ops it leads itself run in process; each other leader
-gets one FORWARD frame with all of its ops, stamped with this node's clock (a leader that finds a
-stamp too old treats the op as a retry, ``unstamped``). A FORWARD whose leader is unreachable is
-re-routed once to the next live replica, as retries (the failed leader may have applied them).
+gets one FORWARD frame with all of its ops, each stamped with its *birth*: the wall-clock time
+the client first sent it, as the edge worked it out from ``ts_ms``/``age_ms`` (this node's clock
+when the client sent neither). A leader that finds a stamp older than half the failure timeout
+treats the op as a retry (``unstamped``), and the retry's check refuses an op older than the
+table's window (``checks``): however long the frame waited on the way, in a paused leader's
+socket buffer say, no op is applied once the replicas may have forgotten another application of
+it. A FORWARD whose leader is unreachable is re-routed once to the next live replica, as
+retries (the failed leader may have applied them).
 """
 
 from __future__ import annotations
@@ -29,25 +34,33 @@ _UNAVAILABLE = int(Status.UNAVAILABLE)
 _STAMP = len(Op._fields)  # a FORWARD item's stamp, after the op's fields
 
 
-def _stamped(ops: Sequence[Op], now: float | None = None) -> list[list[Any]]:
-    """FORWARD items: an ``Op``'s five fields, then the coordinator's wall clock (ms)."""
-    now_ms = int((time.time() if now is None else now) * 1000)
-    return [[*op, now_ms] for op in ops]
+def _stamped(ops: Sequence[Op], births: Sequence[float]) -> list[list[Any]]:
+    """FORWARD items: an ``Op``'s five fields, then its birth (wall clock, ms)."""
+    return [[*op, int(born * 1000)] for op, born in zip(ops, births, strict=True)]
 
 
-def unstamped(body: list[list[Any]], stale_after_ms: int, now: float | None = None) -> list[Op]:
-    """Ops of a FORWARD frame; one that waited past ``stale_after_ms`` (in a paused leader's
-    socket buffer, say) goes as a retry: another replica may have taken over and applied it
-    meanwhile, so it is checked there first. Items without the stamp are taken as they are.
-    ``now``: the leader's wall clock (seconds; ``time.time()`` when not given)."""
-    now_ms = int((time.time() if now is None else now) * 1000)
+def unstamped(body: list[list[Any]], stale_after_ms: int, now: float | None = None
+              ) -> tuple[list[Op], list[float]]:
+    """Ops of a FORWARD frame and their births (seconds). One born more than
+    ``stale_after_ms`` ago (it waited in a paused leader's socket buffer, say) goes as a retry:
+    another replica may have taken over and applied it meanwhile, so it is checked there first
+    (and refused there if older than its window, ``checks``). Items without the stamp are taken
+    as born now. ``now``: the leader's wall clock (seconds; ``time.time()`` when not given)."""
+    now_s = time.time() if now is None else now
+    now_ms = int(now_s * 1000)
     out: list[Op] = []
+    births: list[float] = []
     for item in body:
         table, key, op_id, delta, attempt = item[:_STAMP]
-        if len(item) > _STAMP and now_ms - item[_STAMP] > stale_after_ms:
-            attempt = max(attempt, 2)
+        if len(item) > _STAMP:
+            born_ms = item[_STAMP]
+            if now_ms - born_ms > stale_after_ms:
+                attempt = max(attempt, 2)
+            births.append(born_ms / 1000.0)
+        else:
+            births.append(now_s)
         out.append(Op(table, key, op_id, delta, attempt))
-    return out
+    return out, births
 
 
 class Coordinator:
@@ -55,7 +68,8 @@ class Coordinator:
     (the node swaps in its failure detector once heartbeats run)."""
 
     def __init__(self, node_id: str, config: NodeConfig, ring: Ring, links: dict[str, PeerLink],
-                 metrics: NodeMetrics, *, lead: Callable[[Sequence[Op]], Any],
+                 metrics: NodeMetrics, *,
+                 lead: Callable[[Sequence[Op], Sequence[float] | None], Any],
                  is_live: Callable[[], Callable[[str], bool]],
                  clock: Callable[[], float] = time.time) -> None:
         self.id, self.config, self.ring, self.links, self.metrics = (node_id, config, ring,
@@ -64,15 +78,19 @@ class Coordinator:
         self._is_live = is_live
         self.clock = clock
 
-    async def submit(self, ops: Sequence[Op]) -> list[int]:
-        """Route every op to its leader (one FORWARD frame per leader); statuses in op order."""
+    async def submit(self, ops: Sequence[Op], births: Sequence[float] | None = None
+                     ) -> list[int]:
+        """Route every op to its leader (one FORWARD frame per leader); statuses in op order.
+        ``births``: when each op was first sent (wall clock, seconds; now when not given)."""
         me = self.id
+        if births is None:
+            births = [self.clock()] * len(ops)
         if len(ops) == 1:
             table, key, _op_id, _delta, _attempt = ops[0]
             leader = self.ring.leader(table, key, self._is_live())
             if leader == me:
-                return await self._lead(ops)
-            return await self._forward(leader, list(ops))
+                return await self._lead(ops, births)
+            return await self._forward(leader, list(ops), births)
         groups: dict[str | None, list[int]] = {}
         leader_of = self.ring.leader
         is_live = self._is_live()
@@ -86,23 +104,25 @@ class Coordinator:
         out = [_UNAVAILABLE] * len(ops)
         waits = []
         for leader, idx in groups.items():
-            sub = [ops[i] for i in idx]
-            waits.append(self._lead(sub) if leader == me else self._forward(leader, sub))
+            sub, born = [ops[i] for i in idx], [births[i] for i in idx]
+            waits.append(self._lead(sub, born) if leader == me
+                         else self._forward(leader, sub, born))
         for idx, statuses in zip(groups.values(), await asyncio.gather(*waits), strict=True):
             for i, s in zip(idx, statuses, strict=True):
                 out[i] = s
         return out
 
-    async def _forward(self, leader: str | None, ops: list[Op]) -> list[int]:
+    async def _forward(self, leader: str | None, ops: list[Op], births: Sequence[float]
+                       ) -> list[int]:
         if leader is None:
             return [_UNAVAILABLE] * len(ops)
         self.metrics.forwarded += len(ops)
-        fut = self.links[leader].call(Kind.FORWARD, _stamped(ops, self.clock()))
+        fut = self.links[leader].call(Kind.FORWARD, _stamped(ops, births))
         try:
             statuses = await asyncio.wait_for(fut, self.config.quorum_timeout * 1.5)
         except PeerError as exc:  # the leader is unreachable: the next live replica leads
             log.info("forward to %s failed, re-routing: %r", leader, exc)
-            return await self._reroute(leader, ops)
+            return await self._reroute(leader, ops, births)
         except (TimeoutError, Unavailable) as exc:
             log.warning("forward to %s failed: %r", leader, exc)
             return [_UNAVAILABLE] * len(ops)
@@ -110,7 +130,8 @@ class Coordinator:
             return [_UNAVAILABLE] * len(ops)
         return statuses
 
-    async def _reroute(self, failed: str, ops: list[Op]) -> list[int]:
+    async def _reroute(self, failed: str, ops: list[Op], births: Sequence[float]
+                       ) -> list[int]:
         """Lead or forward (once) to the next live replica. The failed leader may have applied
         some of the ops, so they go as retries (attempt >= 2): checked on the replicas first."""
         is_live = self._is_live()
@@ -121,13 +142,14 @@ class Coordinator:
             groups.setdefault(leader, []).append(i)
         for leader, idx in groups.items():
             sub = [Op(t, k, o, d, max(a, 2)) for t, k, o, d, a in (ops[i] for i in idx)]
+            born = [births[i] for i in idx]
             if leader is None:
                 continue
             if leader == self.id:
-                res = await self._lead(sub)
+                res = await self._lead(sub, born)
             else:
                 try:
-                    call = self.links[leader].call(Kind.FORWARD, _stamped(sub, self.clock()))
+                    call = self.links[leader].call(Kind.FORWARD, _stamped(sub, born))
                     res = await asyncio.wait_for(call, self.config.quorum_timeout * 1.5)
                 except (TimeoutError, Unavailable):
                     continue

@@ -151,9 +151,11 @@ class Node:
     def shareable(self, items: list[ItemFields]) -> list[ItemFields]:
         return self.replica.shareable(items)
 
-    async def submit(self, ops: Sequence[Op]) -> list[int]:
-        """Route every op to its leader (one FORWARD frame per leader); statuses in op order."""
-        return await self.coordinator.submit(ops)
+    async def submit(self, ops: Sequence[Op], births: Sequence[float] | None = None
+                     ) -> list[int]:
+        """Route every op to its leader (one FORWARD frame per leader); statuses in op order.
+        ``births``: when the client first sent each op (wall clock; now when not given)."""
+        return await self.coordinator.submit(ops, births)
 
     def use_detector(self) -> None:
         self.is_live = self.detector.is_live
@@ -266,7 +268,8 @@ class Node:
 
     # -- leading -----------------------------------------------------------------------
 
-    def lead(self, ops: Sequence[Op]) -> asyncio.Future[list[int]]:
+    def lead(self, ops: Sequence[Op], births: Sequence[float] | None = None
+             ) -> asyncio.Future[list[int]]:
         """Lead ``ops``; merged with every other batch led in this loop turn. Statuses in order.
         Retries, and every op while a peer was recently down, are first checked on the replicas
         (``cluster.roles.checks``); a node still recovering leads nothing."""
@@ -279,7 +282,7 @@ class Node:
         degraded = self.recently_degraded()
         suspected = self.state.suspected if self.state.pulled else None
         if any(needs_check(op, degraded, suspected) for op in ops):
-            return asyncio.ensure_future(checks.lead_checked(self, list(ops)))
+            return asyncio.ensure_future(checks.lead_checked(self, list(ops), births))
         return self.leader.submit(ops)
 
     def handle_peer(self, peer_id: str, kind: int, body: Any) -> Any:
@@ -287,7 +290,7 @@ class Node:
         if kind == Kind.REPLICATE:
             return self.replica.on_replicate(body)  # None once durable, False if refused
         if kind == Kind.FORWARD:
-            return self.lead(unstamped(body, stale_after_ms(self.config), self.clock()))
+            return self.lead(*unstamped(body, stale_after_ms(self.config), self.clock()))
         if kind == Kind.READ:
             return self.replica.on_read(body)
         if kind == Kind.REPAIR:

@@ -122,7 +122,13 @@ def _verdict(node: Node, item: Item, answered: int,
     has the lower node id (so exactly one application stays); "publish" when enough replicas
     answered and none did; "wait" when a replica has another application or check of it open,
     or too few answered. A replica that withdrew its own copy deferred to another application,
-    perhaps ours: the id it holds then says nothing about a third one."""
+    perhaps ours: the id it holds then says nothing about a third one.
+
+    What the replicas remember of another application (its id, the claim and fence of its
+    check) lasts the table's window. So an op in doubt for longer (``_past_memory``) is
+    published only if a replica holds our pair of it (our replication reached it: it stands,
+    and a duplicate may have been answered for it), and withdrawn once every replica answered
+    without it: "not held" from a replica that may have forgotten proves nothing."""
     if any(held == BUSY for _, (held, _), _ in answers):
         return "wait"
     me = node.id
@@ -131,9 +137,19 @@ def _verdict(node: Node, item: Item, answered: int,
            or (held == HELD and not deferred and not _covers(entry, item))
            for r, (held, checked), entry in answers):
         return "withdraw"
+    if _past_memory(node, item):
+        if any(_covers(entry, item) for _, _, entry in answers):
+            return "publish"
+        return "withdraw" if answered >= node.ring.rf - 1 else "wait"
     if answered < node.ring.rf - node.config.quorum:
         return "wait"  # a replica that applied it may be among the silent ones
     return "publish"
+
+
+def _past_memory(node: Node, item: Item) -> bool:
+    """The op is older than what a replica surely remembers of another application of it:
+    the table's window, less the clock skew allowed between nodes."""
+    return node.clock() - item.ts > node.state.window(item.table) - node.config.max_clock_skew
 
 
 async def ask_holds_many(node: Node, table: str, key: str, op_ids: list[str]

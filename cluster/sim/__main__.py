@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+from cluster.sim.forensics import failing_keys, key_story
 from cluster.sim.run import BREAKS, DEFAULT_FAULTS, FAULTS, Options, run_seed
 
 
@@ -37,7 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--break", dest="breaks", default="",
                     help=f"test-only: {','.join(BREAKS)} (the checker must then fail)")
     ap.add_argument("--history", help="write the history of the (last) seed here, JSON lines")
-    ap.add_argument("--trace", action="store_true", help="print the nemesis' actions")
+    ap.add_argument("--trace", action="store_true",
+                    help="print the nemesis' actions and, for a failing seed, the story of each "
+                         "failing key: client adds, reads out of bounds, and which node logged "
+                         "which op when (APPLY, REPLICA, PUBLISHED, WITHDRAW)")
     args = ap.parse_args(argv)
     seeds = _seeds(args.seeds) if args.seeds else range(args.seed, args.seed + 1)
     failed = 0
@@ -52,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         print(res.line(), flush=True)
         if args.trace:
             print("\n".join("    " + t for t in res.trace))
+            for key in failing_keys(res):
+                print(f"  {key}:")
+                print("\n".join("    " + t for t in key_story(res, key)))
         failed += not res.ok
         if args.history:
             with open(args.history, "w") as f:

@@ -86,8 +86,10 @@ class Client:
                 break  # older than the window: the edge would answer 410 op_expired
             op = Op(TABLE, key, op_id, delta, attempt)
             try:
-                statuses = await self._call(self.world.hosts[nid],
-                                            lambda node, op=op: node.submit([op]))
+                # born: the first attempt, on the node's clock (what the SDK's ts_ms tells it)
+                statuses = await self._call(
+                    self.world.hosts[nid],
+                    lambda node, op=op: node.submit([op], [node.clock() - (loop.time() - start)]))
             except Exception:  # noqa: BLE001 - timeout, refused, reset, a node error
                 statuses = [int(Status.UNAVAILABLE)]
             status = int(statuses[0])

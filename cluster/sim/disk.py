@@ -34,7 +34,8 @@ class SimDisk:
         self.snapshot: bytes | None = None
         self.incarnation = 0
         self.fsyncs = 0
-        self.archive: list[bytes] = []  # every frame ever synced, for post-mortems only
+        # every frame ever synced, with the virtual time of its fsync (post-mortems only)
+        self.archive: list[tuple[float, bytes]] = []
 
     def next_incarnation(self) -> int:
         self.incarnation += 1  # the real counter is fsynced before recover() goes on
@@ -135,6 +136,7 @@ class SimLog:
             return
         disk, queue = self.disk, self._queue
         self._queue = []
+        now = self._loop.time() if self._loop is not None else 0.0
         disk.fsyncs += 1
         for data, count, fut in queue:
             assert isinstance(data, bytes)
@@ -142,7 +144,7 @@ class SimLog:
                 disk.snapshot, disk.frames = data, []
             else:
                 disk.frames.append(data)
-                disk.archive.append(data)
+                disk.archive.append((now, data))
                 self._stats.add_batch(count, len(data), None)
             if not fut.done():
                 fut.set_result(None)
