@@ -273,6 +273,8 @@ async def lead_checked(node: Node, ops: list[Op], births: Sequence[float] | None
             node.leases[op_id] = deadline  # the apply checks it (Node._refused)
         else:
             statuses[i] = res
+    if births is not None and plain:
+        _bound_by_birth(node, ops, plain, births)
     if to_lead:
         led = await node.lead_plain([ops[i] for i in to_lead])
         for i, s in zip(to_lead, led, strict=True):
@@ -281,6 +283,19 @@ async def lead_checked(node: Node, ops: list[Op], births: Sequence[float] | None
                 _table, _key, op_id, _delta, _attempt = ops[i]
                 node.checked.add(op_id)
     return statuses
+
+
+def _bound_by_birth(node: Node, ops: list[Op], idx: list[int], births: Sequence[float]) -> None:
+    """The ops at ``idx`` go unchecked (found in the dedup now, or not retries): each gets a
+    lease up to the end of its window all the same, since it may wait (behind an unpublished
+    op on its key) until after the dedup forgot it, and would then be applied as new."""
+    now, mono, skew = node.clock(), node.monotonic(), node.config.max_clock_skew
+    leases, window = node.leases, node.state.window
+    for i in idx:
+        table, _key, op_id, _delta, _attempt = ops[i]
+        limit = mono + births[i] + window(table) - skew - now
+        if op_id not in leases or leases[op_id] > limit:
+            leases[op_id] = limit
 
 
 async def _check_one(node: Node, op: Op, born: float | None = None

@@ -2,9 +2,13 @@
 
 Group commit as the real writer does it: appends queue, and one fsync a few virtual
 milliseconds later makes every queued frame durable at once and resolves their futures. A crash
-(``abort``) loses what was queued and not yet synced. Records are encoded and decoded by the real
-``cluster.wal`` code (``encode_records``, ``encode_columns``, ``decode_segment``), so a record
-that would not survive the real log does not survive this one either.
+(``abort``) loses what was queued and not yet synced, or, when handed a ``tear``, leaves part of
+it behind as the tail: a prefix cut anywhere (a torn write) or a copy with one byte flipped (a
+corrupt sector). Recovery (``start``) keeps the whole good frames before the first bad one and
+truncates the rest, as the real log's recovery does (``cluster.wal.scan``). Records are encoded
+and decoded by the real ``cluster.wal`` code (``encode_records``, ``encode_columns``,
+``decode_segment``), so a record that would not survive the real log does not survive this one
+either.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from pathlib import Path
 
 import msgpack
 
-from cluster.wal import LogRecord, decode_segment, encode_columns, encode_records
+from cluster.wal import LogRecord, decode_segment, encode_columns, encode_records, scan
 from cluster.wal.errors import LogClosedError
 from cluster.wal.stats import LogStats, _MutableStats
 
@@ -34,6 +38,7 @@ class SimDisk:
         self.snapshot: bytes | None = None
         self.incarnation = 0
         self.fsyncs = 0
+        self.truncated = 0  # torn or corrupt tails cut off at a recovery
         # every frame ever synced, with the virtual time of its fsync (post-mortems only)
         self.archive: list[tuple[float, bytes]] = []
 
@@ -58,21 +63,42 @@ class SimLog:
         self._on_disk: list[bytes] = []
         self._snapshot: bytes | None = None
         self._stats = _MutableStats()
+        # called (once, at the next loop turn) after the next append is queued, before its
+        # fsync: the nemesis crashes the node there
+        self.on_write: Callable[[], None] | None = None
 
     async def start(self) -> None:
         if self._started:
             raise RuntimeError("SimLog.start() called twice")
         self._started = self._running = True
         self._loop = asyncio.get_running_loop()
-        self._on_disk, self._snapshot = list(self.disk.frames), self.disk.snapshot
+        disk = self.disk
+        if disk.frames:  # a torn or corrupt tail: keep its whole good frames, truncate the rest
+            last = disk.frames[-1]
+            good = scan(last)
+            if good < len(last):
+                disk.truncated += 1
+                disk.frames[-1:] = [last[:good]] if good else []
+        self._on_disk, self._snapshot = list(disk.frames), disk.snapshot
 
     async def stop(self) -> None:
         if self._running:
             self._sync()
         self._running = False
 
-    def abort(self) -> None:
-        """A crash: what was not fsynced is gone, its appends fail."""
+    def abort(self, tear: Callable[[bytes], bytes] | None = None) -> None:
+        """A crash: what was not fsynced is gone, its appends fail. ``tear``, given the bytes
+        that were still waiting for their fsync, returns what of them reached the disk anyway
+        (a torn or corrupt tail: never acknowledged, maybe partly readable)."""
+        if tear is not None and self._running:
+            waiting = b"".join(d for d, count, _ in self._queue
+                               if count >= 0 and isinstance(d, bytes))
+            if waiting:
+                tail = tear(waiting)
+                if tail:
+                    self.disk.frames.append(tail)
+                    loop = self._loop
+                    self.disk.archive.append((loop.time() if loop is not None else 0.0, tail))
         self._running = False
         if self._timer is not None:
             self._timer.cancel()
@@ -123,6 +149,9 @@ class SimLog:
         if data == b"":
             fut.set_result(None)
             return fut
+        if self.on_write is not None and data is not _SNAPSHOT:  # one shot (a crash mid-write)
+            on_write, self.on_write = self.on_write, None
+            self._loop.call_soon(on_write)
         self._queue.append((blob if data is _SNAPSHOT else data, -1 if data is _SNAPSHOT
                             else count, fut))
         if self._timer is None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cluster.sim.world import EPOCH
-from cluster.wal import RecordKind, decode_segment
+from cluster.wal import RecordKind, decode_segment, scan
 
 if TYPE_CHECKING:
     from cluster.sim.run import Result
@@ -52,7 +52,7 @@ def key_story(res: Result, key: str) -> list[str]:
     if res.world is not None:
         for host in res.world.hosts.values():
             for synced, data in host.disk.archive:
-                for rec in decode_segment(Path(f"sim:{host.id}"), data):
+                for rec in decode_segment(Path(f"sim:{host.id}"), data[:scan(data)]):
                     if rec.table != table or rec.key != name:
                         continue
                     kind = RecordKind(rec.kind).name

@@ -14,16 +14,19 @@ import random
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from client.checker import CounterReport, check
 from cluster.core.shards import ShardStore
 from cluster.sim.clients import History, Workload, client_tasks, final_reads
+from cluster.sim.disk import SimLog
 from cluster.sim.loop import SimLoop
 from cluster.sim.net import Faults, SimNet
-from cluster.sim.world import World
+from cluster.sim.world import Host, World
 
-DEFAULT_FAULTS = ("drop", "delay", "duplicate", "partition", "crash", "pause")
+# torn: half the crashes land right after a log append is queued and before its fsync, and a
+# crash leaves the unsynced tail lost, torn or corrupt (``World._tear``)
+DEFAULT_FAULTS = ("drop", "delay", "duplicate", "partition", "crash", "pause", "torn")
 FAULTS = (*DEFAULT_FAULTS, "skew")  # skew: opt-in, each node's wall clock offset
 BREAKS = ("dedup", "hide")  # test-only switches that must make the checker fail
 
@@ -78,6 +81,7 @@ class _Nemesis:
     def __init__(self, world: World, rng: random.Random, faults: tuple[str, ...]) -> None:
         self.world, self.rng = world, rng
         self.kinds = [f for f in ("partition", "crash", "pause") if f in faults]
+        self.mid_write = "torn" in faults
         self.cuts: list[set[tuple[str, str]]] = []
         self.trace: list[str] = []
         self.stopping = False
@@ -114,8 +118,8 @@ class _Nemesis:
         if host.node is None or host.paused:
             return
         if kind == "crash":
-            w.crash(host)
-            self.note(f"crash {host.id} for {hold:.2f}s")
+            how = await self.crash(host)
+            self.note(f"crash {host.id}{how} for {hold:.2f}s")
             await asyncio.sleep(hold)
             w.restart(host)
             self.note(f"restart {host.id}")
@@ -125,6 +129,24 @@ class _Nemesis:
             await asyncio.sleep(hold)
             w.resume(host)
             self.note(f"resume {host.id}")
+
+    async def crash(self, host: Host) -> str:
+        """Crash ``host`` now, or (half the time) right after its next log append is queued
+        and before its fsync (between an apply and its replication, say): the unsynced tail
+        is then lost, torn or corrupt (``World._tear``). Waits at most 2 s for that append."""
+        node = host.node
+        if node is None or not self.mid_write or self.rng.random() < 0.5:
+            self.world.crash(host)
+            return ""
+        log = cast(SimLog, node.log)
+        log.on_write = lambda: self.world.crash(host) if host.node is node else None
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if host.node is not node:
+                return " (mid-write)"
+        log.on_write = None
+        self.world.crash(host)
+        return ""
 
     def cut(self, how: str, ids: list[str]) -> set[tuple[str, str]]:
         rng = self.rng
@@ -198,7 +220,8 @@ def _broken(breaks: tuple[str, ...]) -> Iterator[None]:
 def run_seed(opts: Options) -> Result:
     overrides: dict[str, Any] = {"dedup": "none"} if "dedup" in opts.breaks else {}
     net = SimNet(random.Random(f"{opts.seed}:net"))
-    world = World(opts.nodes, opts.rf, net, **overrides)
+    disk_rng = random.Random(f"{opts.seed}:disk") if "torn" in opts.faults else None
+    world = World(opts.nodes, opts.rf, net, disk_rng=disk_rng, **overrides)
     history = History()
     nemesis = _Nemesis(world, random.Random(f"{opts.seed}:nemesis"), opts.faults)
     loop = SimLoop()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
@@ -48,8 +49,10 @@ class Host:
 
 
 class World:
-    def __init__(self, n: int, rf: int, net: SimNet, **overrides: Any) -> None:
+    def __init__(self, n: int, rf: int, net: SimNet, *, disk_rng: random.Random | None = None,
+                 **overrides: Any) -> None:
         self.net = net
+        self.disk_rng = disk_rng  # None: a crash loses the unsynced tail whole
         ids = [f"n{i + 1}" for i in range(n)]
         peers = ",".join(f"{nid}=127.0.0.1:{7101 + i}" for i, nid in enumerate(ids))
         base: dict[str, Any] = {"rf": rf, "fsync": False, "peers": peers, **overrides}
@@ -111,6 +114,8 @@ class World:
         for task in tasks:
             task.cancel()
         _reap(tasks)
+        if self.disk_rng is not None:
+            cast(SimLog, host.node.log).abort(self._tear)
         host.node.abort()
         host.node = None
         for other in self.hosts.values():
@@ -118,6 +123,19 @@ class World:
                 link = other.node.links.get(host.id)
                 if isinstance(link, SimLink):
                     link.lose("peer crashed")
+
+    def _tear(self, waiting: bytes) -> bytes:
+        """What of the unsynced bytes a power loss leaves on the disk: nothing, a prefix cut
+        anywhere, or all of it with one byte flipped (a third each)."""
+        rng = self.disk_rng
+        assert rng is not None
+        how = rng.random()
+        if how < 1 / 3 or len(waiting) < 2:
+            return b""
+        if how < 2 / 3:
+            return waiting[:rng.randrange(1, len(waiting))]
+        at = rng.randrange(len(waiting))
+        return waiting[:at] + bytes([waiting[at] ^ (1 << rng.randrange(8))]) + waiting[at + 1:]
 
     def restart(self, host: Host) -> None:
         if host.node is None:
