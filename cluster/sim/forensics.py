@@ -57,7 +57,8 @@ def key_story(res: Result, key: str) -> list[str]:
                         continue
                     kind = RecordKind(rec.kind).name
                     op = rec.op_id or "(repair)"
-                    stamped = rec.ts - EPOCH - host.skew  # the op's time (the leader's apply)
+                    # the op's time: the leader's clock at the apply, as virtual time
+                    stamped = (rec.ts - EPOCH - host.skew) / (1.0 + host.drift)
                     lines.append((synced, 1, f"{host.id:<8} {kind:<9} {op:<8} origin "
                                              f"{rec.origin} P {rec.p} N {rec.n} delta "
                                              f"{rec.delta:+d} (op at {stamped:.3f})"))

@@ -27,7 +27,7 @@ from cluster.sim.world import Host, World
 # torn: half the crashes land right after a log append is queued and before its fsync, and a
 # crash leaves the unsynced tail lost, torn or corrupt (``World._tear``)
 DEFAULT_FAULTS = ("drop", "delay", "duplicate", "partition", "crash", "pause", "torn")
-FAULTS = (*DEFAULT_FAULTS, "skew")  # skew: opt-in, each node's wall clock offset
+FAULTS = (*DEFAULT_FAULTS, "skew")  # skew: opt-in, each node's wall clock offset and drift
 BREAKS = ("dedup", "hide")  # test-only switches that must make the checker fail
 
 
@@ -185,8 +185,11 @@ async def _quiet(world: World, least: float, limit: float) -> None:
 async def _main(opts: Options, world: World, history: History, nemesis: _Nemesis) -> None:
     skew = random.Random(f"{opts.seed}:skew")
     for host in world.hosts.values():
-        if "skew" in opts.faults:  # each machine's wall clock off by up to max_clock_skew / 2
-            host.skew = skew.uniform(-0.5, 0.5) * host.config.max_clock_skew
+        if "skew" in opts.faults:  # each machine's wall clock off by up to 0.3 max_clock_skew
+            # and drifting up to 1 ms a second: two nodes stay within max_clock_skew of each
+            # other for 150 virtual seconds (the guarantee's assumption)
+            host.skew = skew.uniform(-0.3, 0.3) * host.config.max_clock_skew
+            host.drift = skew.uniform(-0.001, 0.001)
         world.boot(host)
     await _until_ready(world, 30.0)
     net = world.net

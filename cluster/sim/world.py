@@ -36,6 +36,7 @@ class Host:
         self.paused = False
         self.epoch = 0  # bumped at every start and crash: stale frames are told apart
         self.skew = 0.0  # this machine's wall clock offset (seconds)
+        self.drift = 0.0  # and how fast it runs ahead (+) or behind (-): seconds per second
         self.inbox: list[Callable[[], None]] = []
         self.outbox: list[tuple[str, Callable[[], None]]] = []
         self.tasks: dict[asyncio.Task[Any], None] = {}  # ordered: cancelled in start order
@@ -65,7 +66,7 @@ class World:
 
     def wall(self, host: Host) -> Callable[[], float]:
         loop = asyncio.get_running_loop()
-        return lambda: EPOCH + loop.time() + host.skew
+        return lambda: EPOCH + loop.time() * (1.0 + host.drift) + host.skew
 
     def boot(self, host: Host) -> None:
         """Start a node instance on ``host`` from what its disk kept."""
