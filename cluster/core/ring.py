@@ -8,6 +8,7 @@ same preference lists. Adding a node moves only the keys whose arc it takes, abo
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Callable, Iterable, Sequence
 
 import mmh3
@@ -38,14 +39,9 @@ class Ring:
         self.members: tuple[str, ...] = tuple(names)
         self.vnodes = vnodes
         self.rf = min(rf, len(names))
-        points = sorted(
-            (token(f"{name}#{i}".encode()), name) for name in names for i in range(vnodes)
-        )
-        self._tokens = [t for t, _ in points]
-        owners = [name for _, name in points]
-        # One walk per token at build time, so a lookup is a hash and a bisect; hot keys skip
-        # even that through a bounded cache (cleared whole when full: no per-hit bookkeeping).
-        self._prefs = [self._walk(owners, i, self.rf) for i in range(len(owners))]
+        self._tokens, self._prefs = _build(self.members, vnodes, self.rf)
+        # Hot keys skip even the bisect through a bounded cache (cleared whole when full: no
+        # per-hit bookkeeping).
         self._cache: dict[tuple[str, str], tuple[str, ...]] = {}
         self.max_cache = 100_000
 
@@ -100,3 +96,14 @@ class Ring:
 
     def __repr__(self) -> str:
         return f"Ring(members={list(self.members)}, vnodes={self.vnodes}, rf={self.rf})"
+
+
+@functools.lru_cache(maxsize=16)
+def _build(names: tuple[str, ...], vnodes: int, rf: int
+           ) -> tuple[list[int], list[tuple[str, ...]]]:
+    """The sorted tokens and, per token, its preference list: one walk per token at build
+    time, so a lookup is a hash and a bisect. Cached (shared, never mutated): a node rebuilds
+    the same ring at every start, and the simulator at every restart of every node."""
+    points = sorted((token(f"{name}#{i}".encode()), name) for name in names for i in range(vnodes))
+    owners = [name for _, name in points]
+    return [t for t, _ in points], [Ring._walk(owners, i, rf) for i in range(len(owners))]

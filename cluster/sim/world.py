@@ -56,7 +56,10 @@ class World:
         self.disk_rng = disk_rng  # None: a crash loses the unsynced tail whole
         ids = [f"n{i + 1}" for i in range(n)]
         peers = ",".join(f"{nid}=127.0.0.1:{7101 + i}" for i, nid in enumerate(ids))
-        base: dict[str, Any] = {"rf": rf, "fsync": False, "peers": peers, **overrides}
+        # rate: the filters sized for 1,000 op ids a second per table (the clients send a few):
+        # a tenth of the production default's bits to shift at every epoch and to snapshot
+        base: dict[str, Any] = {"rf": rf, "fsync": False, "peers": peers, "rate": 1000.0,
+                                **overrides}
         self.hosts = {nid: Host(nid, from_mapping({
             **base, "node_id": nid, "listen": f"127.0.0.1:{7101 + i}",
             "data_dir": f"/nonexistent/idc-sim/{nid}"})) for i, nid in enumerate(ids)}
