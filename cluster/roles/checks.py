@@ -31,7 +31,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from cluster.core.ops import ItemFields, Op
@@ -357,60 +357,101 @@ async def confirm_duplicates(node: Node, ops: Sequence[tuple[str, str, str]]) ->
     counts. An op this node withdrew (another leader's application stands) counts the replicas
     that hold it instead. ``rf`` = 1: this node alone is the quorum."""
     w = node.config.quorum
+    if w <= 1:
+        return [True] * len(ops)  # this node's own log is the quorum
     by_replica: dict[str, list[int]] = {}
     for i, (table, key, _op_id) in enumerate(ops):
         for r in node.ring.preference_list(table, key):
             if r != node.id:
                 by_replica.setdefault(r, []).append(i)
-    answers: list[list[tuple[str, int, CounterEntry]]] = [[] for _ in ops]
+    entry, withdrawn = node.state.shards.entry, node.state.withdrawn
+    mine = [None if op_id in withdrawn else entry(table, key) for table, key, op_id in ops]
+    timeout = node.config.quorum_timeout
     futs = {r: node.links[r].call(Kind.HOLDS, [[*ops[i], QUERY] for i in idx])
             for r, idx in by_replica.items()}
-    if futs:
-        await asyncio.wait(futs.values(), timeout=node.config.quorum_timeout)
-    for r, fut in futs.items():
-        if not fut.done():
-            fut.cancel()
-        elif fut.exception() is None and len(got := fut.result()) == len(by_replica[r]):
-            for i, (held, _checked, entry) in zip(by_replica[r], got, strict=True):
-                answers[i].append((r, int(held), CounterEntry.from_wire(entry)))
+
+    def answers() -> list[list[tuple[str, int, CounterEntry]]]:
+        out: list[list[tuple[str, int, CounterEntry]]] = [[] for _ in ops]
+        for r, fut in futs.items():
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                got = fut.result()
+                if len(got) == len(by_replica[r]):
+                    for i, (held, _checked, e) in zip(by_replica[r], got, strict=True):
+                        out[i].append((r, int(held), CounterEntry.from_wire(e)))
+        return out
+
+    def open_elsewhere(got: list[tuple[str, int, CounterEntry]]) -> bool:
+        return any(held in (IN_DOUBT, BUSY) for _, held, _ in got)
+
+    def shows(i: int, got: list[tuple[str, int, CounterEntry]]) -> int:
+        """Replicas that surely show op ``i``: this node (its entry covers the op) and each
+        whose entry covers this node's; for an op this node withdrew, those that hold it."""
+        ours = mine[i]
+        if ours is None:
+            return sum(held == HELD for _, held, _ in got)
+        return 1 + sum(e.dominates(ours) for _, _, e in got)
+
+    def decided() -> bool:
+        return all(open_elsewhere(got) or shows(i, got) >= w
+                   for i, got in enumerate(answers()))
+
+    await _until(list(futs.values()), timeout, decided)
+    got_all = answers()
     out = [False] * len(ops)
-    shows = [0] * len(ops)
+    need = [0] * len(ops)
     push: dict[str, list[int]] = {}
-    for i, (table, key, op_id) in enumerate(ops):
-        got = answers[i]
-        if any(held in (IN_DOUBT, BUSY) for _, held, _ in got):
+    for i, got in enumerate(got_all):
+        if open_elsewhere(got):
             continue  # its application is still open there: not visible yet
-        if op_id in node.state.withdrawn:
-            out[i] = sum(held == HELD for _, held, _ in got) >= w
-            continue
-        mine = node.state.shards.entry(table, key)
-        lacking = [r for r, _held, entry in got if not entry.dominates(mine)]
-        shows[i] = 1 + len(got) - len(lacking)
-        if shows[i] >= w:
+        have = shows(i, got)
+        if have >= w:
             out[i] = True
-        elif shows[i] + len(lacking) >= w:
+            continue
+        ours = mine[i]
+        lacking = [] if ours is None else [r for r, _, e in got if not e.dominates(ours)]
+        if have + len(lacking) >= w:
+            need[i] = w - have
             for r in lacking:
                 push.setdefault(r, []).append(i)
     if push:
-        entry = node.state.shards.entry
         acks = {r: node.links[r].call(Kind.REPAIR, [[ops[i][0], ops[i][1],
                                                      entry(ops[i][0], ops[i][1]).to_wire()]
                                                     for i in idx])
                 for r, idx in push.items()}
-        await asyncio.wait(acks.values(), timeout=node.config.quorum_timeout)
-        for r, fut in acks.items():
-            if not fut.done():
-                fut.cancel()
-            elif fut.exception() is None:
-                for i in push[r]:
-                    shows[i] += 1
-        for idx in push.values():
-            for i in idx:
-                out[i] = shows[i] >= w
+
+        def acked(r: str) -> bool:
+            fut = acks[r]
+            return fut.done() and not fut.cancelled() and fut.exception() is None
+
+        def counted(i: int) -> int:
+            return sum(acked(r) for r, idx in push.items() if i in idx)
+
+        pushed = {i for idx in push.values() for i in idx}
+        await _until(list(acks.values()), timeout,
+                     lambda: all(counted(i) >= need[i] for i in pushed))
+        for i in pushed:
+            out[i] = counted(i) >= need[i]
     unconfirmed = out.count(False)
     if unconfirmed:
         node.metrics.unconfirmed_duplicates += unconfirmed
     return out
+
+
+async def _until(futs: list[asyncio.Future[Any]], timeout: float,
+                 enough: Callable[[], bool]) -> None:
+    """Wait until ``enough()`` holds, every future is done, or ``timeout`` passed; then cancel
+    what is still pending."""
+    pending = set(futs)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while pending and not enough():
+        left = deadline - loop.time()
+        if left <= 0:
+            break
+        _done, pending = await asyncio.wait(pending, timeout=left,
+                                            return_when=asyncio.FIRST_COMPLETED)
+    for fut in pending:
+        fut.cancel()
 
 
 def consume(fut: asyncio.Future[Any]) -> None:
