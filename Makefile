@@ -26,8 +26,9 @@ test: lint
 
 # The deterministic simulator's long sweep (not part of `make test`; docs/sim.md).
 SIM_SEEDS ?= 1..500
+SIM_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 sim: $(STAMP)
-	$(BIN)/python -m cluster.sim --seeds $(SIM_SEEDS) --ops 200
+	$(BIN)/python -m cluster.sim --seeds $(SIM_SEEDS) --ops 200 --jobs $(SIM_JOBS)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -121,3 +121,13 @@ def test_a_torn_or_corrupt_tail_is_cut_at_recovery_and_the_rest_replays() -> Non
     assert whole == ["op1", "op2", "op3"]  # everything reached the disk after all
     assert half == ["op1"]  # a prefix too short for the first waiting frame: cut
     assert flipped == ["op1", "op2"]  # the last frame's checksum fails: cut there
+
+
+def test_a_sweep_in_worker_processes_prints_every_seed_in_order(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from cluster.sim.__main__ import main
+
+    assert main(["--seeds", "3..6", "--jobs", "2", "--ops", "30", "--faults", "drop"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines[:4]] == [f"seed {s}" for s in range(3, 7)]
+    assert lines[4].startswith("4 seed(s), 0 violation(s)") and "2 job(s)" in lines[4]
