@@ -293,6 +293,8 @@ def _bound_by_birth(node: Node, ops: list[Op], idx: list[int], births: Sequence[
     leases, window = node.leases, node.state.window
     for i in idx:
         table, _key, op_id, _delta, _attempt = ops[i]
+        if window(table) <= 0:
+            continue  # a strategy that remembers nothing (``none``): no limit to keep
         limit = mono + births[i] + window(table) - skew - now
         if op_id not in leases or leases[op_id] > limit:
             leases[op_id] = limit
@@ -315,8 +317,9 @@ async def _check_one(node: Node, op: Op, born: float | None = None
     node.metrics.retry_checks += 1
     sent = node.monotonic()
     deadline = sent + lease(node, table)
-    if born is not None:
-        left = born + node.state.window(table) - node.config.max_clock_skew - node.clock()
+    window = node.state.window(table)
+    if born is not None and window > 0:  # 0: a strategy that remembers nothing (``none``)
+        left = born + window - node.config.max_clock_skew - node.clock()
         if left <= 0:
             node.metrics.expired += 1
             return _EXPIRED, deadline

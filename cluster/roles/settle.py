@@ -149,7 +149,8 @@ def _verdict(node: Node, item: Item, answered: int,
 def _past_memory(node: Node, item: Item) -> bool:
     """The op is older than what a replica surely remembers of another application of it:
     the table's window, less the clock skew allowed between nodes."""
-    return node.clock() - item.ts > node.state.window(item.table) - node.config.max_clock_skew
+    window = node.state.window(item.table)
+    return window > 0 and node.clock() - item.ts > window - node.config.max_clock_skew
 
 
 async def ask_holds_many(node: Node, table: str, key: str, op_ids: list[str]
