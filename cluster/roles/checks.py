@@ -358,7 +358,9 @@ async def confirm_duplicates(node: Node, ops: Sequence[tuple[str, str, str]]) ->
     whose entry covers this node's shows the op; when fewer than W do, this node's entry is
     pushed to the others that answered (``REPAIR``, acked once in their log) and each ack
     counts. An op this node withdrew (another leader's application stands) counts the replicas
-    that hold it instead. ``rf`` = 1: this node alone is the quorum."""
+    that hold it instead. It answers as soon as every op is decided (W replicas show it, or its
+    application is open somewhere), or after ``quorum_timeout`` per round. W = 1: this node's
+    own log is the quorum, nobody is asked."""
     w = node.config.quorum
     if w <= 1:
         return [True] * len(ops)  # this node's own log is the quorum
