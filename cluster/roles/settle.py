@@ -202,23 +202,35 @@ async def withdraw(node: Node, item: Item) -> None:
     """Cancel this node's application of an op another leader applied. It was never visible
     (its delta hidden, no later pair of its key carrying it), so the cancellation is a
     compensating delta on the op's own origin and key: the op's pair and its compensation
-    become visible together, value-neutral. Logged (WITHDRAW) and pushed to the replicas."""
+    become visible together, value-neutral. Logged (WITHDRAW) and pushed to the replicas.
+
+    The WITHDRAW record is durable before the compensation is made or leaves this node: a
+    compensation pushed before a crash that lost its record came back from the replicas (max-
+    merged into our pair) while the op was found in doubt again and withdrawn a second time,
+    compensated twice (the simulator's seed 6718, an acknowledged op lost)."""
     op_id, table, key, origin, delta = item.op_id, item.table, item.key, item.origin, item.delta
     if op_id not in node.pending:
         return
-    p, n = node.state.shards.compensate(table, key, origin, delta)
-    node.state.withdrawn[op_id] = node.clock()
-    node.release([op_id])
+    p, n = node.state.shards.pair(table, key, origin, visible=False)
+    if delta >= 0:
+        n += delta
+    else:
+        p -= delta
     # the compensation: the op's own fields with the negated delta and the pair it leaves
     rec = make_record(*record_fields(WITHDRAW, op_id, table, key, origin, p, n, -delta,
                                      node.clock()))
+    await node.log.append_nowait([rec])
+    if op_id not in node.pending:
+        return
+    node.state.shards.compensate(table, key, origin, delta)
+    node.state.withdrawn[op_id] = node.clock()
+    node.release([op_id])
     node.metrics.withdrawn += 1
     log.info("withdrew in-doubt op %s on %s/%s (applied by another leader)", op_id, table, key)
     entry = [[table, key, {origin: list(node.state.shards.pair(table, key, origin))}]]
     for t in node.targets_of(table, key):
         node.links[t].call(Kind.REPAIR, entry).add_done_callback(consume)
     release_claims(node, table, key, op_id)  # taken by the settling HOLDS; the op stands elsewhere
-    await node.log.append_nowait([rec])
 
 
 async def settle_all(node: Node, min_age: float = 0.0) -> int:
