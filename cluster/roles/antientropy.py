@@ -6,9 +6,11 @@
   so a crash loses only the queue, and the next anti-entropy exchange repairs what it held.
 - **Anti-entropy**: per table, the keys this node shares with a peer fall into ``BUCKETS``
   buckets by key hash; a bucket's digest is a 64-bit sum of MurmurHash3 over each key and its
-  entry (origin-sorted, so row layouts do not matter). Peers swap digests and then the entries
-  of the buckets that differ, and both max-merge. Runs every ``antientropy_interval``, when a
-  peer comes back, and at start.
+  entry (origin-sorted, so row layouts do not matter), kept up to date as entries change
+  (``cluster.core.digests``), so an idle round costs O(buckets), not O(keys). Peers swap
+  digests, then the leaf digests of the buckets that differ (``LEAVES`` per table), then the
+  entries of the leaves that still differ, and both max-merge. Runs every
+  ``antientropy_interval``, when a peer comes back, and at start.
 - **Dedup pull**: before serving, a node OR-merges into each table's dedup the state of its
   replicas (FBF generations aligned by epoch; exact ids with their age; strategies with no merge
   are left as replayed), so a retry of an op applied while it was down is still recognised.
@@ -19,11 +21,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Protocol
 
-import mmh3
-import msgpack
-
+from cluster.core.digests import BUCKETS, Digests
 from cluster.core.ops import ItemFields
 from cluster.core.shards import CounterEntry
 from cluster.roles.host import Host
@@ -47,10 +48,7 @@ class Node(Host, Protocol):
 
 log = logging.getLogger("cluster.antientropy")
 
-BUCKETS = 64
-_SEED = 0x5EED_AE
-_MASK = (1 << 64) - 1
-_CHUNK = 2000
+_CHUNK = 2000  # keys rehashed or listed between two yields to the loop (a few ms)
 
 
 def _failure_level(node: Node) -> int:
@@ -59,58 +57,82 @@ def _failure_level(node: Node) -> int:
     return logging.INFO if node.ready else logging.DEBUG
 
 
-def bucket_of(table: str, key: str) -> int:
-    return mmh3.hash(f"{table}/{key}", _SEED, signed=False) % BUCKETS
+def _replica_sets(ring: Any) -> Callable[[str, str], frozenset[str]]:
+    """A key's replica set (one frozenset per distinct preference list, shared)."""
+    prefs = ring.preference_list
+    sets: dict[tuple[str, ...], frozenset[str]] = {}
+
+    def group_of(table: str, key: str) -> frozenset[str]:
+        p = prefs(table, key)
+        g = sets.get(p)
+        if g is None:
+            g = sets[p] = frozenset(p)
+        return g
+
+    return group_of
 
 
-def _shared(node: Node, peer: str) -> Any:
-    """(table, key, row entry) of every key ``peer`` also replicates."""
+async def _flushed(node: Node) -> Digests:
+    """The store's digests, brought up to date in steps of ``_CHUNK`` keys (yielding between
+    them, so a burst of changes or a freshly loaded store never stalls the loop); grouped by
+    replica set unless every node holds every key."""
+    ring = node.ring
     shards = node.state.shards
-    everywhere = node.ring.replicates_everywhere
-    prefs = node.ring.preference_list
-    for table in list(shards.tables()):
-        for key in list(shards.keys_of(table)):
-            if everywhere or peer in prefs(table, key):
-                yield table, key
+    if shards.digests.owner is not ring:  # a new store (recovery) or the first use
+        shards.group_digests(ring, None if ring.replicates_everywhere else _replica_sets(ring))
+    while node.state.shards.flush_digests(_CHUNK):
+        await asyncio.sleep(0)
+    return node.state.shards.digests
 
 
 async def digests(node: Node, peer: str) -> dict[str, list[int]]:
-    """Per table, ``BUCKETS`` digests; yields to the loop every ``_CHUNK`` keys so a large
-    store does not stall the requests being served."""
-    out: dict[str, list[int]] = {}
+    """Per table, the ``BUCKETS`` digests of the keys ``peer`` also replicates: O(buckets)
+    once the keys changed since the last call are rehashed."""
+    return (await _flushed(node)).sums(peer)
+
+
+async def leaf_digests(node: Node, peer: str,
+                       buckets: dict[str, list[int]]) -> dict[str, list[list[int]]]:
+    """The second look: per table, ``[leaf, digest]`` of the nonzero leaves under ``buckets``."""
+    d = await _flushed(node)
+    return {t: [[leaf, s] for leaf, s in d.leaf_sums(t, bs, peer).items()]
+            for t, bs in buckets.items()}
+
+
+async def entries(node: Node, peer: str, want: dict[str, list[int]],
+                  leaves: dict[str, list[int]] | None = None) -> list[list[Any]]:
+    """``[table, key, entry]`` of the keys ``peer`` also replicates in the ``want`` buckets
+    or the ``leaves`` of each table; only those buckets are walked."""
+    d = await _flushed(node)
     entry = node.state.shards.entry
-    for i, (table, key) in enumerate(_shared(node, peer)):
-        if i and i % _CHUNK == 0:
-            await asyncio.sleep(0)
-        pairs = sorted(entry(table, key).pairs.items())
-        if not pairs:
-            continue
-        d = out.get(table)
-        if d is None:
-            d = out[table] = [0] * BUCKETS
-        h = mmh3.hash64(msgpack.packb([key, pairs]), _SEED, signed=False)[0]
-        b = bucket_of(table, key)
-        d[b] = (d[b] + h) & _MASK
+    out: list[list[Any]] = []
+    for t in set(want) | set(leaves or {}):
+        keys = d.keys_in(t, want.get(t, ()), (leaves or {}).get(t, ()), peer)
+        for i, k in enumerate(keys):
+            if i and i % _CHUNK == 0:
+                await asyncio.sleep(0)
+            out.append([t, k, entry(t, k).to_wire()])
     return out
 
 
-def entries(node: Node, peer: str, want: dict[str, list[int]]) -> list[list[Any]]:
-    sets = {t: set(bs) for t, bs in want.items()}
-    entry = node.state.shards.entry
-    return [[t, k, entry(t, k).to_wire()] for t, k in _shared(node, peer)
-            if t in sets and bucket_of(t, k) in sets[t]]
-
-
 async def on_digest(node: Node, peer: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    if "leaves" in body:
+        return [{"leaves": await leaf_digests(node, peer, body["leaves"])}]
     return [{"digests": await digests(node, peer)}]
 
 
-def on_entries(node: Node, peer: str, body: dict[str, Any]) -> list[list[Any]]:
-    return entries(node, peer, body["want"])
+async def on_entries(node: Node, peer: str, bodies: list[dict[str, Any]]) -> list[list[Any]]:
+    return [await entries(node, peer, b.get("want", {}), b.get("leaves")) for b in bodies]
+
+
+def _differ(mine: dict[Any, Any], theirs: dict[Any, Any]) -> list[Any]:
+    return sorted(k for k in set(mine) | set(theirs) if mine.get(k, 0) != theirs.get(k, 0))
 
 
 async def sync_with(node: Node, peer: str) -> int:
-    """One anti-entropy exchange with ``peer``; the number of keys that differed."""
+    """One anti-entropy exchange with ``peer``; the number of keys that differed. Buckets that
+    differ get a second, finer look (their leaves), so what is sent is the entries of the
+    leaves that still differ: about what was missed, not the buckets it fell in."""
     link = node.links[peer]
     timeout = node.config.quorum_timeout * 2
     theirs = (await asyncio.wait_for(link.call(Kind.DIGEST, [{}]), timeout))[0]["digests"]
@@ -123,9 +145,23 @@ async def sync_with(node: Node, peer: str) -> int:
             want[table] = diff
     if not want:
         return 0
-    got = (await asyncio.wait_for(link.call(Kind.ENTRIES, [{"want": want}]), timeout))[0]
+    reply = (await asyncio.wait_for(link.call(Kind.DIGEST, [{"leaves": want}]), timeout))[0]
+    leaves: dict[str, list[int]] | None = None
+    if "leaves" in reply:  # a peer without leaves answers the first question again
+        ours_l = await leaf_digests(node, peer, want)
+        leaves = {}
+        for table in want:
+            differ = _differ({leaf: s for leaf, s in ours_l.get(table, [])},
+                             {leaf: s for leaf, s in reply["leaves"].get(table, [])})
+            if differ:
+                leaves[table] = differ
+        if not leaves:
+            return 0  # the difference was in flight and has landed since
+        want = {}
+    body: dict[str, Any] = {"want": want} if leaves is None else {"want": {}, "leaves": leaves}
+    got = (await asyncio.wait_for(link.call(Kind.ENTRIES, [body]), timeout))[0]
     node.on_repair(got)
-    ours = entries(node, peer, want)
+    ours = await entries(node, peer, want, leaves)
     theirs_map = {(t, k): CounterEntry.from_wire(e) for t, k, e in got}
     push = [[t, k, e] for t, k, e in ours
             if not theirs_map.get((t, k), CounterEntry()).dominates(CounterEntry.from_wire(e))]

@@ -1,0 +1,204 @@
+"""Anti-entropy digests kept up to date in place: per table and replica group, ``BUCKETS``
+64-bit sums of one hash per key, and an index of the keys by bucket.
+
+A key's hash is MurmurHash3 (x64, fixed seed) of ``msgpack([key, origin-sorted pairs])`` of its
+*visible* entry (``ShardStore.entry``); a bucket's digest is the sum of its keys' hashes mod
+2**64. Sums are what make it incremental: a key that changes takes its old hash out of its
+bucket and puts the new one in, so a digest costs O(buckets) to read instead of O(keys).
+
+The owner (``ShardStore``) only ``mark``s a key whose visible entry may have changed, which costs
+a set insert on the write path; ``flush`` rehashes the marked keys, each once however often it
+changed, in bounded steps so a caller can yield between them. Until flushed, the sums are those
+of the state as it was at the last flush.
+
+**Groups.** A peer compares with us only the keys it also replicates. When every node holds
+every key there is one group; otherwise ``group_of(table, key)`` (the key's replica set) splits
+each table into groups, and a peer's digest is the sum over the groups it belongs to, which is
+exact for any ring. Pure: no I/O, no clock; the entry hash comes in as a function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Hashable, Iterator
+
+import mmh3
+import msgpack
+
+BUCKETS = 64
+# Each bucket splits into LEAVES // BUCKETS leaves (the key's hash modulo LEAVES; a multiple of
+# BUCKETS, so leaf % BUCKETS is the bucket): a second, finer look at the buckets that differ,
+# so a repair sends about (keys / LEAVES) entries per differing key, not a bucket's worth.
+LEAVES = 65536
+SEED = 0x5EED_AE
+MASK = (1 << 64) - 1
+
+HashOf = Callable[[str, str], "int | None"]
+GroupOf = Callable[[str, str], Hashable]
+
+
+def key_hash(table: str, key: str) -> int:
+    """The key's 32-bit position: ``% BUCKETS`` its bucket, ``% LEAVES`` its leaf."""
+    return mmh3.hash(f"{table}/{key}", SEED, signed=False)
+
+
+def bucket_of(table: str, key: str) -> int:
+    return key_hash(table, key) % BUCKETS
+
+
+def entry_hash(key: str, pairs: list[tuple[str, tuple[int, int]]]) -> int:
+    """The hash of one key's entry; ``pairs`` sorted by origin, none of them (0, 0)."""
+    return mmh3.hash64(msgpack.packb([key, pairs]), SEED, signed=False)[0]
+
+
+class _Group:
+    """One table's keys of one replica group: bucket and leaf sums, and the keys by bucket.
+
+    A key's index value is ``leaf << 64 | hash``: the leaf rides with the hash, so listing a
+    leaf's keys walks its bucket without hashing a key again, and a leaf costs no container."""
+
+    __slots__ = ("sums", "leaf_sums", "buckets", "size")
+
+    def __init__(self) -> None:
+        self.sums = [0] * BUCKETS
+        self.leaf_sums: dict[int, int] = {}
+        self.buckets: list[dict[str, int]] = [{} for _ in range(BUCKETS)]
+        self.size = 0
+
+
+class Digests:
+    """Bucket sums of entry hashes, per table and replica group, maintained from marks."""
+
+    __slots__ = ("_dirty", "_tables", "group_of", "owner")
+
+    def __init__(self, group_of: GroupOf | None = None, owner: object = None) -> None:
+        self._dirty: dict[str, set[str]] = {}
+        self._tables: dict[str, dict[Hashable, _Group]] = {}
+        self.group_of = group_of  # None: one group, every peer replicates every key
+        self.owner = owner  # who chose ``group_of`` (the ring): a caller's check to regroup
+
+    def mark(self, table: str, key: str) -> None:
+        """The key's visible entry may have changed: rehash it at the next ``flush``."""
+        dirty = self._dirty.get(table)
+        if dirty is None:
+            dirty = self._dirty[table] = set()
+        dirty.add(key)
+
+    def mark_all(self, table: str, keys: Collection[str]) -> None:
+        dirty = self._dirty.get(table)
+        if dirty is None:
+            self._dirty[table] = set(keys)
+        else:
+            dirty.update(keys)
+
+    @property
+    def pending(self) -> int:
+        """Keys marked and not yet flushed."""
+        return sum(len(keys) for keys in self._dirty.values())
+
+    def flush(self, hash_of: HashOf, limit: int | None = None) -> int:
+        """Rehash up to ``limit`` marked keys (all when None); how many stay marked.
+        ``hash_of(table, key)`` is the hash of the key's visible entry, None when it is empty."""
+        done = 0
+        group_of = self.group_of
+        for table in list(self._dirty):
+            dirty = self._dirty[table]
+            groups = self._tables.get(table)
+            if groups is None:
+                groups = self._tables[table] = {}
+            while dirty and (limit is None or done < limit):
+                key = dirty.pop()
+                done += 1
+                g = groups.get(gid := group_of(table, key) if group_of is not None else None)
+                if g is None:
+                    g = groups[gid] = _Group()
+                self._rehash(g, table, key, hash_of(table, key))
+            if not dirty:
+                del self._dirty[table]
+            if limit is not None and done >= limit:
+                break
+        return self.pending
+
+    @staticmethod
+    def _rehash(g: _Group, table: str, key: str, new: int | None) -> None:
+        leaf = key_hash(table, key) % LEAVES
+        keys = g.buckets[leaf % BUCKETS]
+        was = keys.get(key)
+        old = 0 if was is None else was & MASK
+        if new is None:
+            if was is None:
+                return
+            del keys[key]
+            g.size -= 1
+            new = 0
+        else:
+            if was is None:
+                g.size += 1
+            keys[key] = leaf << 64 | new
+        if new == old:
+            return
+        b = leaf % BUCKETS
+        g.sums[b] = (g.sums[b] - old + new) & MASK
+        s = (g.leaf_sums.get(leaf, 0) - old + new) & MASK
+        if s:
+            g.leaf_sums[leaf] = s
+        else:  # an empty leaf (or, 2**-64 likely, keys summing to 0: a leaf read as 0 anyway)
+            g.leaf_sums.pop(leaf, None)
+
+    def _groups(self, table: str, peer: str | None) -> Iterator[_Group]:
+        for gid, g in self._tables.get(table, {}).items():
+            if gid is None or peer is None or peer in gid:  # type: ignore[operator]
+                yield g
+
+    def tables(self) -> list[str]:
+        return list(self._tables)
+
+    def sums(self, peer: str | None = None) -> dict[str, list[int]]:
+        """Per table with keys, the ``BUCKETS`` digests of the keys ``peer`` also replicates
+        (every key when None); marked keys count as they were at the last ``flush``."""
+        out: dict[str, list[int]] = {}
+        for table in self._tables:
+            total: list[int] | None = None
+            for g in self._groups(table, peer):
+                if not g.size:
+                    continue
+                total = list(g.sums) if total is None else [
+                    (a + b) & MASK for a, b in zip(total, g.sums, strict=True)]
+            if total is not None:
+                out[table] = total
+        return out
+
+    def leaf_sums(self, table: str, buckets: Collection[int],
+                  peer: str | None = None) -> dict[int, int]:
+        """The nonzero leaf digests under ``buckets`` of ``table`` (leaves absent are 0)."""
+        want = set(buckets)
+        out: dict[int, int] = {}
+        for g in self._groups(table, peer):
+            for leaf, s in g.leaf_sums.items():
+                if leaf % BUCKETS in want:
+                    out[leaf] = (out.get(leaf, 0) + s) & MASK
+        return {leaf: s for leaf, s in out.items() if s}
+
+    def keys_in(self, table: str, buckets: Collection[int] = (), leaves: Collection[int] = (),
+                peer: str | None = None) -> list[str]:
+        """The indexed keys of ``table`` in ``buckets`` or in ``leaves``: only the buckets
+        concerned are walked."""
+        whole = set(buckets)
+        some: dict[int, set[int]] = {}
+        for leaf in leaves:
+            if leaf % BUCKETS not in whole:
+                some.setdefault(leaf % BUCKETS, set()).add(leaf)
+        out: list[str] = []
+        for g in self._groups(table, peer):
+            for b in whole:
+                out.extend(g.buckets[b])
+            for b, wanted in some.items():
+                out.extend(k for k, v in g.buckets[b].items() if v >> 64 in wanted)
+        return out
+
+    def clear(self) -> None:
+        self._dirty.clear()
+        self._tables.clear()
+
+    def indexed(self) -> int:
+        """How many keys the index holds (keys with a nonempty visible entry, as flushed)."""
+        return sum(g.size for groups in self._tables.values() for g in groups.values())
