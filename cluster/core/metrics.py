@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+# how late a timer fires; 0.02 is the stall budget (no loop stall over 20 ms)
+LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class Histogram:
@@ -90,11 +92,14 @@ class NodeMetrics:
     fenced: int = 0
     deferred: int = 0
     antientropy_keys: int = 0
+    antientropy_rounds: int = 0
+    antientropy_bytes: int = 0
     hints_delivered: int = 0
     retry_checks: int = 0
     unauthorized: int = 0
     overflows: int = 0
     requests: dict[str, Histogram] = field(default_factory=dict)
+    loop_lag: Histogram = field(default_factory=lambda: Histogram(LOOP_LAG_BUCKETS))
 
     def request_histogram(self, route: str) -> Histogram:
         h = self.requests.get(route)
@@ -180,6 +185,9 @@ def render(node: Any, auth: Any = None, edge: Any = None) -> str:
         ("fenced", "op copies refused as a replica: the op was claimed for another leader"),
         ("deferred", "ops that waited for an unpublished op on the same key"),
         ("antientropy_keys", "keys exchanged by anti-entropy"),
+        ("antientropy_rounds", "anti-entropy exchanges this node started"),
+        ("antientropy_bytes", "bytes of digests, leaf digests and entries (as msgpack) "
+                              "exchanged by the anti-entropy rounds this node started"),
         ("hints_delivered", "hinted writes delivered to a replica that came back"),
         ("retry_checks", "ops checked on the other replicas before being applied"),
         ("unauthorized", "client requests refused for a missing or wrong bearer token (401)"),
@@ -216,6 +224,8 @@ def render(node: Any, auth: Any = None, edge: Any = None) -> str:
                   edge.open_connections)
     ex.histogram("idc_request_seconds", "HTTP request latency by route",
                  ((f'route="{r}"', h) for r, h in sorted(m.requests.items())))
+    ex.histogram("idc_loop_lag_seconds", "how late a periodic timer fires: the event loop's "
+                 "stalls", [("", m.loop_lag)])
     return ex.render()
 
 

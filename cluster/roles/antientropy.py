@@ -24,6 +24,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import msgpack
+
 from cluster.core.digests import BUCKETS, Digests
 from cluster.core.ops import ItemFields
 from cluster.core.shards import CounterEntry
@@ -125,6 +127,11 @@ async def on_entries(node: Node, peer: str, bodies: list[dict[str, Any]]) -> lis
     return [await entries(node, peer, b.get("want", {}), b.get("leaves")) for b in bodies]
 
 
+def _size(body: Any) -> int:
+    """Bytes of ``body`` as msgpack (what the frame carries, without its header and MAC)."""
+    return len(msgpack.packb(body))
+
+
 def _differ(mine: dict[Any, Any], theirs: dict[Any, Any]) -> list[Any]:
     return sorted(k for k in set(mine) | set(theirs) if mine.get(k, 0) != theirs.get(k, 0))
 
@@ -135,7 +142,10 @@ async def sync_with(node: Node, peer: str) -> int:
     leaves that still differ: about what was missed, not the buckets it fell in."""
     link = node.links[peer]
     timeout = node.config.quorum_timeout * 2
-    theirs = (await asyncio.wait_for(link.call(Kind.DIGEST, [{}]), timeout))[0]["digests"]
+    node.metrics.antientropy_rounds += 1
+    first = (await asyncio.wait_for(link.call(Kind.DIGEST, [{}]), timeout))[0]
+    node.metrics.antientropy_bytes += _size(first)
+    theirs = first["digests"]
     mine = await digests(node, peer)
     want: dict[str, list[int]] = {}
     for table in set(mine) | set(theirs):
@@ -146,6 +156,7 @@ async def sync_with(node: Node, peer: str) -> int:
     if not want:
         return 0
     reply = (await asyncio.wait_for(link.call(Kind.DIGEST, [{"leaves": want}]), timeout))[0]
+    node.metrics.antientropy_bytes += _size(reply)
     leaves: dict[str, list[int]] | None = None
     if "leaves" in reply:  # a peer without leaves answers the first question again
         ours_l = await leaf_digests(node, peer, want)
@@ -160,12 +171,14 @@ async def sync_with(node: Node, peer: str) -> int:
         want = {}
     body: dict[str, Any] = {"want": want} if leaves is None else {"want": {}, "leaves": leaves}
     got = (await asyncio.wait_for(link.call(Kind.ENTRIES, [body]), timeout))[0]
+    node.metrics.antientropy_bytes += _size(body) + _size(got)
     node.on_repair(got)
     ours = await entries(node, peer, want, leaves)
     theirs_map = {(t, k): CounterEntry.from_wire(e) for t, k, e in got}
     push = [[t, k, e] for t, k, e in ours
             if not theirs_map.get((t, k), CounterEntry()).dominates(CounterEntry.from_wire(e))]
     if push:
+        node.metrics.antientropy_bytes += _size(push)
         await asyncio.wait_for(link.call(Kind.REPAIR, push), timeout)
     node.metrics.antientropy_keys += len(got) + len(push)
     return len(push) + len(got)
