@@ -94,6 +94,7 @@ class NodeMetrics:
     antientropy_keys: int = 0
     antientropy_rounds: int = 0
     antientropy_bytes: int = 0
+    antientropy_seconds: float = 0.0
     hints_delivered: int = 0
     retry_checks: int = 0
     unauthorized: int = 0
@@ -194,6 +195,9 @@ def render(node: Any, auth: Any = None, edge: Any = None) -> str:
         ("overflows", "ops refused because they would take an entry past 2^64 - 1 (400)"),
     ):
         ex.simple(f"idc_{name}_total", "counter", help_text, getattr(m, name))
+    ex.simple("idc_antientropy_cpu_seconds_total", "counter",
+              "CPU time of anti-entropy's own steps (digests, leaves, entries, merges)",
+              m.antientropy_seconds)
     ex.simple("idc_replayed_records", "gauge", "log records replayed at start", m.replayed)
     ex.simple("idc_counters", "gauge", "keys held by this node", node.state.shards.keys)
     _dedup_families(ex, node)

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import msgpack
 
-from cluster.core.digests import BUCKETS, Digests
+from cluster.core.digests import LEAVES, Digests
 from cluster.core.ops import ItemFields
 from cluster.core.shards import CounterEntry
 from cluster.roles.host import Host
@@ -74,46 +75,72 @@ def _replica_sets(ring: Any) -> Callable[[str, str], frozenset[str]]:
     return group_of
 
 
+class _Cpu:
+    """Adds the thread CPU time of a synchronous stretch (never across an await) to the
+    node's ``antientropy_seconds``: what anti-entropy costs, apart from everything else."""
+
+    __slots__ = ("metrics", "t0")
+
+    def __init__(self, node: Node) -> None:
+        self.metrics = node.metrics
+
+    def __enter__(self) -> None:
+        self.t0 = time.thread_time()
+
+    def __exit__(self, *exc: object) -> None:
+        self.metrics.antientropy_seconds += time.thread_time() - self.t0
+
+
 async def _flushed(node: Node) -> Digests:
     """The store's digests, brought up to date in steps of ``_CHUNK`` keys (yielding between
     them, so a burst of changes or a freshly loaded store never stalls the loop); grouped by
     replica set unless every node holds every key."""
     ring = node.ring
-    shards = node.state.shards
-    if shards.digests.owner is not ring:  # a new store (recovery) or the first use
-        shards.group_digests(ring, None if ring.replicates_everywhere else _replica_sets(ring))
-    while node.state.shards.flush_digests(_CHUNK):
+    with _Cpu(node):
+        shards = node.state.shards
+        if shards.digests.owner is not ring:  # a new store (recovery) or the first use
+            shards.group_digests(ring, None if ring.replicates_everywhere
+                                 else _replica_sets(ring))
+        left = shards.flush_digests(_CHUNK)
+    while left:
         await asyncio.sleep(0)
+        with _Cpu(node):
+            left = node.state.shards.flush_digests(_CHUNK)
     return node.state.shards.digests
 
 
 async def digests(node: Node, peer: str) -> dict[str, list[int]]:
     """Per table, the ``BUCKETS`` digests of the keys ``peer`` also replicates: O(buckets)
     once the keys changed since the last call are rehashed."""
-    return (await _flushed(node)).sums(peer)
+    d = await _flushed(node)
+    with _Cpu(node):
+        return d.sums(peer)
 
 
 async def leaf_digests(node: Node, peer: str,
                        buckets: dict[str, list[int]]) -> dict[str, list[list[int]]]:
     """The second look: per table, ``[leaf, digest]`` of the nonzero leaves under ``buckets``."""
     d = await _flushed(node)
-    return {t: [[leaf, s] for leaf, s in d.leaf_sums(t, bs, peer).items()]
-            for t, bs in buckets.items()}
+    with _Cpu(node):
+        return {t: [[leaf, s] for leaf, s in d.leaf_sums(t, bs, peer).items()]
+                for t, bs in buckets.items()}
 
 
 async def entries(node: Node, peer: str, want: dict[str, list[int]],
                   leaves: dict[str, list[int]] | None = None) -> list[list[Any]]:
     """``[table, key, entry]`` of the keys ``peer`` also replicates in the ``want`` buckets
-    or the ``leaves`` of each table; only those buckets are walked."""
+    or the ``leaves`` of each table; only those buckets are walked, ``_CHUNK`` keys a step."""
     d = await _flushed(node)
-    entry = node.state.shards.entry
     out: list[list[Any]] = []
     for t in set(want) | set(leaves or {}):
-        keys = d.keys_in(t, want.get(t, ()), (leaves or {}).get(t, ()), peer)
-        for i, k in enumerate(keys):
-            if i and i % _CHUNK == 0:
+        with _Cpu(node):
+            keys = d.keys_in(t, want.get(t, ()), (leaves or {}).get(t, ()), peer)
+        for i in range(0, len(keys), _CHUNK):
+            if i:
                 await asyncio.sleep(0)
-            out.append([t, k, entry(t, k).to_wire()])
+            with _Cpu(node):
+                entry = node.state.shards.entry
+                out.extend([t, k, entry(t, k).to_wire()] for k in keys[i:i + _CHUNK])
     return out
 
 
@@ -136,49 +163,64 @@ def _differ(mine: dict[Any, Any], theirs: dict[Any, Any]) -> list[Any]:
     return sorted(k for k in set(mine) | set(theirs) if mine.get(k, 0) != theirs.get(k, 0))
 
 
+def _leaf_batches(node: Node, leaves: dict[str, list[int]]) -> list[dict[str, list[int]]]:
+    """``leaves`` split so that one ENTRIES answer holds about ``_CHUNK`` keys (at the
+    table's average keys per leaf): no huge frame to build, encode or merge in one step."""
+    per = max(1, _CHUNK * LEAVES // max(1, node.state.shards.keys))
+    out: list[dict[str, list[int]]] = []
+    for table, ls in leaves.items():
+        out.extend({table: ls[i:i + per]} for i in range(0, len(ls), per))
+    return out
+
+
 async def sync_with(node: Node, peer: str) -> int:
     """One anti-entropy exchange with ``peer``; the number of keys that differed. Buckets that
     differ get a second, finer look (their leaves), so what is sent is the entries of the
     leaves that still differ: about what was missed, not the buckets it fell in."""
     link = node.links[peer]
     timeout = node.config.quorum_timeout * 2
-    node.metrics.antientropy_rounds += 1
+    m = node.metrics
+    m.antientropy_rounds += 1
     first = (await asyncio.wait_for(link.call(Kind.DIGEST, [{}]), timeout))[0]
-    node.metrics.antientropy_bytes += _size(first)
     theirs = first["digests"]
     mine = await digests(node, peer)
-    want: dict[str, list[int]] = {}
-    for table in set(mine) | set(theirs):
-        a, b = mine.get(table, [0] * BUCKETS), theirs.get(table, [0] * BUCKETS)
-        diff = [i for i in range(BUCKETS) if a[i] != b[i]]
-        if diff:
-            want[table] = diff
+    with _Cpu(node):
+        m.antientropy_bytes += _size(first)
+        want = {t: diff for t in set(mine) | set(theirs)
+                if (diff := _differ(dict(enumerate(mine.get(t, ()))),
+                                    dict(enumerate(theirs.get(t, ())))))}
     if not want:
         return 0
     reply = (await asyncio.wait_for(link.call(Kind.DIGEST, [{"leaves": want}]), timeout))[0]
-    node.metrics.antientropy_bytes += _size(reply)
-    leaves: dict[str, list[int]] | None = None
-    if "leaves" in reply:  # a peer without leaves answers the first question again
-        ours_l = await leaf_digests(node, peer, want)
-        leaves = {}
-        for table in want:
-            differ = _differ({leaf: s for leaf, s in ours_l.get(table, [])},
-                             {leaf: s for leaf, s in reply["leaves"].get(table, [])})
-            if differ:
-                leaves[table] = differ
-        if not leaves:
-            return 0  # the difference was in flight and has landed since
-        want = {}
-    body: dict[str, Any] = {"want": want} if leaves is None else {"want": {}, "leaves": leaves}
+    if "leaves" not in reply:  # a peer without leaves answers the first question again
+        return await _exchange(node, link, peer, {"want": want})
+    ours = await leaf_digests(node, peer, want)
+    with _Cpu(node):
+        m.antientropy_bytes += _size(reply)
+        leaves = {t: diff for t in want
+                  if (diff := _differ({leaf: s for leaf, s in ours.get(t, [])},
+                                      {leaf: s for leaf, s in reply["leaves"].get(t, [])}))}
+    done = 0
+    for batch in _leaf_batches(node, leaves):  # empty: the difference was in flight, landed
+        done += await _exchange(node, link, peer, {"want": {}, "leaves": batch})
+    return done
+
+
+async def _exchange(node: Node, link: Any, peer: str, body: dict[str, Any]) -> int:
+    """Swap the entries ``body`` names (buckets or leaves) and max-merge both ways; keys
+    that differed."""
+    timeout = node.config.quorum_timeout * 2
     got = (await asyncio.wait_for(link.call(Kind.ENTRIES, [body]), timeout))[0]
-    node.metrics.antientropy_bytes += _size(body) + _size(got)
-    node.on_repair(got)
-    ours = await entries(node, peer, want, leaves)
-    theirs_map = {(t, k): CounterEntry.from_wire(e) for t, k, e in got}
-    push = [[t, k, e] for t, k, e in ours
-            if not theirs_map.get((t, k), CounterEntry()).dominates(CounterEntry.from_wire(e))]
+    with _Cpu(node):
+        node.metrics.antientropy_bytes += _size(body) + _size(got)
+        node.on_repair(got)
+    ours = await entries(node, peer, body["want"], body.get("leaves"))
+    with _Cpu(node):
+        theirs = {(t, k): CounterEntry.from_wire(e) for t, k, e in got}
+        push = [[t, k, e] for t, k, e in ours
+                if not theirs.get((t, k), CounterEntry()).dominates(CounterEntry.from_wire(e))]
+        node.metrics.antientropy_bytes += _size(push) if push else 0
     if push:
-        node.metrics.antientropy_bytes += _size(push)
         await asyncio.wait_for(link.call(Kind.REPAIR, push), timeout)
     node.metrics.antientropy_keys += len(got) + len(push)
     return len(push) + len(got)
