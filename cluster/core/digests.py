@@ -167,6 +167,10 @@ class Digests:
                 out[table] = total
         return out
 
+    def checksums(self) -> dict[str, int]:
+        """Per table, the sum of all its digests (every group): one number to compare."""
+        return {t: sum(sums) & MASK for t, sums in self.sums().items()}
+
     def leaf_sums(self, table: str, buckets: Collection[int],
                   peer: str | None = None) -> dict[int, int]:
         """The nonzero leaf digests under ``buckets`` of ``table`` (leaves absent are 0)."""

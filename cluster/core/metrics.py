@@ -198,6 +198,13 @@ def render(node: Any, auth: Any = None, edge: Any = None) -> str:
     ex.simple("idc_antientropy_cpu_seconds_total", "counter",
               "CPU time of anti-entropy's own steps (digests, leaves, entries, merges)",
               m.antientropy_seconds)
+    digests = node.state.shards.digests
+    ex.simple("idc_digest_pending", "gauge", "keys changed and not yet rehashed into the "
+              "anti-entropy digests (rehashed at the next round)", digests.pending)
+    ex.family("idc_digest_checksum", "gauge", "sum of every bucket digest of the table, as of "
+              "the last rehash (low 48 bits): equal on two replicas holding equal entries")
+    for table, total in sorted(digests.checksums().items()):
+        ex.sample("idc_digest_checksum", total & ((1 << 48) - 1), {"table": table})
     ex.simple("idc_replayed_records", "gauge", "log records replayed at start", m.replayed)
     ex.simple("idc_counters", "gauge", "keys held by this node", node.state.shards.keys)
     _dedup_families(ex, node)
