@@ -13,7 +13,7 @@ import msgpack
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from cluster.core.digests import BUCKETS, LEAVES, Digests
+from cluster.core.digests import BUCKETS, LEAVES, LEVELS, Digests
 from cluster.core.ring import Ring
 from cluster.core.shards import CounterEntry, ShardStore
 
@@ -26,10 +26,11 @@ def _position(table: str, key: str) -> int:
 
 
 def scratch(store: ShardStore, keep: Callable[[str, str], bool] = lambda t, k: True,
-            ) -> tuple[dict[str, list[int]], dict[str, dict[int, int]]]:
-    """Bucket and leaf digests by a full pass over every key (the old ``digests``)."""
+            ) -> tuple[dict[str, list[int]], dict[str, dict[int, dict[int, int]]]]:
+    """Bucket digests by a full pass over every key (the old ``digests``), and the sums of
+    every level of the tree below them (table -> level -> id -> sum, nonzero only)."""
     sums: dict[str, list[int]] = {}
-    leaves: dict[str, dict[int, int]] = {}
+    levels: dict[str, dict[int, dict[int, int]]] = {}
     for table in list(store.tables()):
         for key in list(store.keys_of(table)):
             pairs = sorted(store.entry(table, key).pairs.items())
@@ -39,9 +40,21 @@ def scratch(store: ShardStore, keep: Callable[[str, str], bool] = lambda t, k: T
             pos = _position(table, key)
             d = sums.setdefault(table, [0] * BUCKETS)
             d[pos % BUCKETS] = (d[pos % BUCKETS] + h) & _MASK
-            lv = leaves.setdefault(table, {})
-            lv[pos % LEAVES] = (lv.get(pos % LEAVES, 0) + h) & _MASK
-    return sums, {t: {leaf: s for leaf, s in lv.items() if s} for t, lv in leaves.items()}
+            for level, mod in enumerate(LEVELS[1:], 1):
+                lv = levels.setdefault(table, {}).setdefault(level, {})
+                lv[pos % mod] = (lv.get(pos % mod, 0) + h) & _MASK
+    return sums, {t: {lv: {i: s for i, s in ids.items() if s} for lv, ids in by.items()}
+                  for t, by in levels.items()}
+
+
+def tree(d: Digests, table: str, peer: str | None = None) -> dict[int, dict[int, int]]:
+    """Every level below the buckets, read top-down through ``children``."""
+    out: dict[int, dict[int, int]] = {}
+    parents = list(range(BUCKETS))
+    for level in range(1, len(LEVELS)):
+        out[level] = d.children(table, level, parents, peer)
+        parents = list(out[level])
+    return out
 
 
 tables = st.sampled_from(["t", "u"])
@@ -108,7 +121,8 @@ def test_incremental_digests_equal_a_full_pass(ops: list[tuple[Any, ...]]) -> No
     assert {t: s for t, s in store.digests.sums().items() if any(s)} == \
         {t: s for t, s in sums.items() if any(s)}
     for table in store.tables():
-        assert store.digests.leaf_sums(table, range(BUCKETS)) == leaves.get(table, {})
+        got = tree(store.digests, table)
+        assert {lv: ids for lv, ids in got.items() if ids} == leaves.get(table, {})
         # the index: a bucket's keys are exactly the keys with a visible entry in it
         for b in range(BUCKETS):
             want = {k for k in store.keys_of(table)
@@ -141,12 +155,13 @@ def test_grouped_digests_equal_a_full_pass_over_the_keys_a_peer_shares(
     assert {t: s for t, s in store.digests.sums(peer).items() if any(s)} == \
         {t: s for t, s in sums.items() if any(s)}
     for table in store.tables():
-        assert store.digests.leaf_sums(table, range(BUCKETS), peer) == leaves.get(table, {})
+        got = tree(store.digests, table, peer)
+        assert {lv: ids for lv, ids in got.items() if ids} == leaves.get(table, {})
 
 
-def test_leaves_narrow_a_difference_down_to_a_few_keys() -> None:
-    """Two stores of 5000 keys that differ in one: one bucket differs, and within it one leaf,
-    whose keys are a handful, not the bucket's ~80."""
+def test_levels_narrow_a_difference_down_to_a_few_keys() -> None:
+    """Two stores of 5000 keys that differ in one: one bucket differs, then one node at each
+    level below it, down to one leaf, whose keys are a handful, not the bucket's ~80."""
     a, b = ShardStore("n1"), ShardStore("n2")
     for i in range(5000):
         a.merge_pair("t", f"k{i}", "n3", i + 1, 0)
@@ -154,14 +169,18 @@ def test_leaves_narrow_a_difference_down_to_a_few_keys() -> None:
     b.merge_pair("t", "k77", "n3", 10_000, 0)
     a.flush_digests(), b.flush_digests()
     da, db = a.digests.sums()["t"], b.digests.sums()["t"]
-    differ = [i for i in range(BUCKETS) if da[i] != db[i]]
+    buckets = differ = [i for i in range(BUCKETS) if da[i] != db[i]]
     assert differ == [_position("t", "k77") % BUCKETS]
-    la, lb = a.digests.leaf_sums("t", differ), b.digests.leaf_sums("t", differ)
-    leaves = [leaf for leaf in set(la) | set(lb) if la.get(leaf) != lb.get(leaf)]
+    for level in range(1, len(LEVELS)):
+        la, lb = a.digests.children("t", level, differ), b.digests.children("t", level, differ)
+        differ = [i for i in set(la) | set(lb) if la.get(i) != lb.get(i)]
+        assert differ == [_position("t", "k77") % LEVELS[level]]
+        assert len(la) <= LEVELS[level] // LEVELS[level - 1]  # one parent's children only
+    leaves = differ
     assert leaves == [_position("t", "k77") % LEAVES]
     assert "k77" in a.digests.keys_in("t", leaves=leaves)
     assert len(a.digests.keys_in("t", leaves=leaves)) < 5
-    assert len(a.digests.keys_in("t", buckets=differ)) > 40
+    assert len(a.digests.keys_in("t", buckets=buckets)) > 40
 
 
 def test_an_idle_flush_rehashes_nothing() -> None:

@@ -25,10 +25,14 @@ import mmh3
 import msgpack
 
 BUCKETS = 64
-# Each bucket splits into LEAVES // BUCKETS leaves (the key's hash modulo LEAVES; a multiple of
-# BUCKETS, so leaf % BUCKETS is the bucket): a second, finer look at the buckets that differ,
-# so a repair sends about (keys / LEAVES) entries per differing key, not a bucket's worth.
-LEAVES = 65536
+# The tree below the buckets: each level splits every node of the one above into LEVELS[i] /
+# LEVELS[i - 1] children by the key's position modulo LEVELS[i] (each a multiple of the one
+# above, so a child's id modulo the parent level is its parent). A difference is narrowed down
+# level by level, sending only the children of the nodes that still differ, so a repair sends
+# about (keys / LEAVES) entries per differing key, and the tree costs 64 digests a differing
+# bucket rather than a bucket's worth of leaves.
+LEVELS = (BUCKETS, 4096, 65536)
+LEAVES = LEVELS[-1]
 SEED = 0x5EED_AE
 MASK = (1 << 64) - 1
 
@@ -51,18 +55,36 @@ def entry_hash(key: str, pairs: list[tuple[str, tuple[int, int]]]) -> int:
 
 
 class _Group:
-    """One table's keys of one replica group: bucket and leaf sums, and the keys by bucket.
+    """One table's keys of one replica group: the bucket sums, the sums of every level below
+    (``below[i - 1]``: parent id at level i - 1 -> child id at level i -> sum; nonzero only),
+    and each leaf's keys with their hash."""
 
-    A key's index value is ``leaf << 64 | hash``: the leaf rides with the hash, so listing a
-    leaf's keys walks its bucket without hashing a key again, and a leaf costs no container."""
-
-    __slots__ = ("sums", "leaf_sums", "buckets", "size")
+    __slots__ = ("sums", "below", "leaves", "size")
 
     def __init__(self) -> None:
         self.sums = [0] * BUCKETS
-        self.leaf_sums: dict[int, int] = {}
-        self.buckets: list[dict[str, int]] = [{} for _ in range(BUCKETS)]
+        self.below: list[dict[int, dict[int, int]]] = [{} for _ in LEVELS[1:]]
+        self.leaves: dict[int, dict[str, int]] = {}
         self.size = 0
+
+    def add(self, pos: int, delta: int) -> None:
+        """Add ``delta`` (mod 2**64) to every level's node holding position ``pos``."""
+        b = pos % BUCKETS
+        self.sums[b] = (self.sums[b] + delta) & MASK
+        parent = b
+        for level, mod in enumerate(LEVELS[1:]):
+            child = pos % mod
+            kids = self.below[level].get(parent)
+            if kids is None:
+                kids = self.below[level][parent] = {}
+            s = (kids.get(child, 0) + delta) & MASK
+            if s:
+                kids[child] = s
+            else:  # empty (or, 2**-64 likely, keys summing to 0: read as 0 anyway)
+                kids.pop(child, None)
+                if not kids:
+                    del self.below[level][parent]
+            parent = child
 
 
 class Digests:
@@ -120,29 +142,26 @@ class Digests:
 
     @staticmethod
     def _rehash(g: _Group, table: str, key: str, new: int | None) -> None:
-        leaf = key_hash(table, key) % LEAVES
-        keys = g.buckets[leaf % BUCKETS]
-        was = keys.get(key)
-        old = 0 if was is None else was & MASK
+        pos = key_hash(table, key)
+        leaf = pos % LEAVES
+        keys = g.leaves.get(leaf)
+        old = keys.get(key, 0) if keys is not None else 0
         if new is None:
-            if was is None:
+            if not old:
                 return
-            del keys[key]
+            del keys[key]  # type: ignore[union-attr]
+            if not keys:
+                del g.leaves[leaf]
             g.size -= 1
             new = 0
         else:
-            if was is None:
+            if keys is None:
+                keys = g.leaves[leaf] = {}
+            if not old:
                 g.size += 1
-            keys[key] = leaf << 64 | new
-        if new == old:
-            return
-        b = leaf % BUCKETS
-        g.sums[b] = (g.sums[b] - old + new) & MASK
-        s = (g.leaf_sums.get(leaf, 0) - old + new) & MASK
-        if s:
-            g.leaf_sums[leaf] = s
-        else:  # an empty leaf (or, 2**-64 likely, keys summing to 0: a leaf read as 0 anyway)
-            g.leaf_sums.pop(leaf, None)
+            keys[key] = new
+        if new != old:
+            g.add(pos, new - old)
 
     def _groups(self, table: str, peer: str | None) -> Iterator[_Group]:
         for gid, g in self._tables.get(table, {}).items():
@@ -171,32 +190,34 @@ class Digests:
         """Per table, the sum of all its digests (every group): one number to compare."""
         return {t: sum(sums) & MASK for t, sums in self.sums().items()}
 
-    def leaf_sums(self, table: str, buckets: Collection[int],
-                  peer: str | None = None) -> dict[int, int]:
-        """The nonzero leaf digests under ``buckets`` of ``table`` (leaves absent are 0)."""
-        want = set(buckets)
+    def children(self, table: str, level: int, parents: Collection[int],
+                 peer: str | None = None) -> dict[int, int]:
+        """The nonzero sums at ``level`` (1 .. len(LEVELS) - 1) under ``parents`` (ids at
+        ``level - 1``) of ``table``, over the keys ``peer`` also replicates."""
         out: dict[int, int] = {}
         for g in self._groups(table, peer):
-            for leaf, s in g.leaf_sums.items():
-                if leaf % BUCKETS in want:
-                    out[leaf] = (out.get(leaf, 0) + s) & MASK
-        return {leaf: s for leaf, s in out.items() if s}
+            below = g.below[level - 1]
+            for parent in parents:
+                for child, s in below.get(parent, {}).items():
+                    out[child] = (out.get(child, 0) + s) & MASK
+        return {child: s for child, s in out.items() if s}
 
     def keys_in(self, table: str, buckets: Collection[int] = (), leaves: Collection[int] = (),
                 peer: str | None = None) -> list[str]:
-        """The indexed keys of ``table`` in ``buckets`` or in ``leaves``: only the buckets
-        concerned are walked."""
-        whole = set(buckets)
-        some: dict[int, set[int]] = {}
-        for leaf in leaves:
-            if leaf % BUCKETS not in whole:
-                some.setdefault(leaf % BUCKETS, set()).add(leaf)
+        """The indexed keys of ``table`` in ``buckets`` or in ``leaves``: only those are
+        walked (a bucket through the levels below it)."""
         out: list[str] = []
         for g in self._groups(table, peer):
-            for b in whole:
-                out.extend(g.buckets[b])
-            for b, wanted in some.items():
-                out.extend(k for k, v in g.buckets[b].items() if v >> 64 in wanted)
+            wanted = set(leaves)
+            for b in buckets:
+                parents = [b]
+                for below in g.below:
+                    parents = [c for p in parents for c in below.get(p, ())]
+                wanted.update(parents)
+            for leaf in wanted:
+                keys = g.leaves.get(leaf)
+                if keys:
+                    out.extend(keys)
         return out
 
     def clear(self) -> None:

@@ -8,8 +8,8 @@
   buckets by key hash; a bucket's digest is a 64-bit sum of MurmurHash3 over each key and its
   entry (origin-sorted, so row layouts do not matter), kept up to date as entries change
   (``cluster.core.digests``), so an idle round costs O(buckets), not O(keys). Peers swap
-  digests, then the leaf digests of the buckets that differ (``LEAVES`` per table), then the
-  entries of the leaves that still differ, and both max-merge. Runs every
+  digests, then the digests one level down the tree under what differs, down to the leaves
+  (``LEVELS``), then the entries of the leaves that still differ, and both max-merge. Runs every
   ``antientropy_interval``, when a peer comes back, and at start.
 - **Dedup pull**: before serving, a node OR-merges into each table's dedup the state of its
   replicas (FBF generations aligned by epoch; exact ids with their age; strategies with no merge
@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import msgpack
 
-from cluster.core.digests import LEAVES, Digests
+from cluster.core.digests import LEAVES, LEVELS, Digests
 from cluster.core.ops import ItemFields
 from cluster.core.shards import CounterEntry
 from cluster.roles.host import Host
@@ -117,13 +117,16 @@ async def digests(node: Node, peer: str) -> dict[str, list[int]]:
         return d.sums(peer)
 
 
-async def leaf_digests(node: Node, peer: str,
-                       buckets: dict[str, list[int]]) -> dict[str, list[list[int]]]:
-    """The second look: per table, ``[leaf, digest]`` of the nonzero leaves under ``buckets``."""
+async def child_digests(node: Node, peer: str, level: int,
+                        parents: dict[str, list[int]]) -> dict[str, list[list[int]]]:
+    """A finer look: per table, ``[id, digest]`` of the nonzero nodes at ``level`` of the
+    digest tree (``cluster.core.digests.LEVELS``) under ``parents`` (ids one level up)."""
+    if not 1 <= level < len(LEVELS):
+        raise ValueError(f"level must be 1..{len(LEVELS) - 1}, got {level}")
     d = await _flushed(node)
     with _Cpu(node):
-        return {t: [[leaf, s] for leaf, s in d.leaf_sums(t, bs, peer).items()]
-                for t, bs in buckets.items()}
+        return {t: [[c, s] for c, s in d.children(t, level, ps, peer).items()]
+                for t, ps in parents.items()}
 
 
 async def entries(node: Node, peer: str, want: dict[str, list[int]],
@@ -145,8 +148,8 @@ async def entries(node: Node, peer: str, want: dict[str, list[int]],
 
 
 async def on_digest(node: Node, peer: str, body: dict[str, Any]) -> list[dict[str, Any]]:
-    if "leaves" in body:
-        return [{"leaves": await leaf_digests(node, peer, body["leaves"])}]
+    if "under" in body:
+        return [{"sums": await child_digests(node, peer, body["level"], body["under"])}]
     return [{"digests": await digests(node, peer)}]
 
 
@@ -174,9 +177,10 @@ def _leaf_batches(node: Node, leaves: dict[str, list[int]]) -> list[dict[str, li
 
 
 async def sync_with(node: Node, peer: str) -> int:
-    """One anti-entropy exchange with ``peer``; the number of keys that differed. Buckets that
-    differ get a second, finer look (their leaves), so what is sent is the entries of the
-    leaves that still differ: about what was missed, not the buckets it fell in."""
+    """One anti-entropy exchange with ``peer``; the number of keys that differed. The buckets
+    that differ are narrowed down level by level (the children of what still differs), so what
+    is sent is the entries of the leaves that still differ: about what was missed, not the
+    buckets it fell in. A difference that was only in flight is gone by the next look."""
     link = node.links[peer]
     timeout = node.config.quorum_timeout * 2
     m = node.metrics
@@ -186,22 +190,24 @@ async def sync_with(node: Node, peer: str) -> int:
     mine = await digests(node, peer)
     with _Cpu(node):
         m.antientropy_bytes += _size(first)
-        want = {t: diff for t in set(mine) | set(theirs)
-                if (diff := _differ(dict(enumerate(mine.get(t, ()))),
-                                    dict(enumerate(theirs.get(t, ())))))}
-    if not want:
-        return 0
-    reply = (await asyncio.wait_for(link.call(Kind.DIGEST, [{"leaves": want}]), timeout))[0]
-    if "leaves" not in reply:  # a peer without leaves answers the first question again
-        return await _exchange(node, link, peer, {"want": want})
-    ours = await leaf_digests(node, peer, want)
-    with _Cpu(node):
-        m.antientropy_bytes += _size(reply)
-        leaves = {t: diff for t in want
-                  if (diff := _differ({leaf: s for leaf, s in ours.get(t, [])},
-                                      {leaf: s for leaf, s in reply["leaves"].get(t, [])}))}
+        differ = {t: diff for t in set(mine) | set(theirs)
+                  if (diff := _differ(dict(enumerate(mine.get(t, ()))),
+                                      dict(enumerate(theirs.get(t, ())))))}
+    for level in range(1, len(LEVELS)):
+        if not differ:
+            return 0
+        ask = {"level": level, "under": differ}
+        reply = (await asyncio.wait_for(link.call(Kind.DIGEST, [ask]), timeout))[0]
+        if "sums" not in reply:  # a peer without the tree answers the first question again
+            return await _exchange(node, link, peer, {"want": differ})
+        ours = await child_digests(node, peer, level, differ)
+        with _Cpu(node):
+            m.antientropy_bytes += _size(ask) + _size(reply)
+            differ = {t: diff for t in differ
+                      if (diff := _differ({c: s for c, s in ours.get(t, [])},
+                                          {c: s for c, s in reply["sums"].get(t, [])}))}
     done = 0
-    for batch in _leaf_batches(node, leaves):  # empty: the difference was in flight, landed
+    for batch in _leaf_batches(node, differ):
         done += await _exchange(node, link, peer, {"want": {}, "leaves": batch})
     return done
 
