@@ -49,21 +49,25 @@ def bucket_of(table: str, key: str) -> int:
     return key_hash(table, key) % BUCKETS
 
 
+_pack = msgpack.Packer().pack  # one packer, reused: ``packb`` builds one a call
+_hash64 = mmh3.hash64
+
+
 def entry_hash(key: str, pairs: list[tuple[str, tuple[int, int]]]) -> int:
     """The hash of one key's entry; ``pairs`` sorted by origin, none of them (0, 0)."""
-    return mmh3.hash64(msgpack.packb([key, pairs]), SEED, signed=False)[0]
+    return _hash64(_pack([key, pairs]), SEED, signed=False)[0]
 
 
 class _Group:
     """One table's keys of one replica group: the bucket sums, the sums of every level below
-    (``below[i - 1]``: parent id at level i - 1 -> child id at level i -> sum; nonzero only),
-    and each leaf's keys with their hash."""
+    (``below[i - 1]``: node id at level i -> sum, nonzero only; a node's children are found by
+    id, ``child % parent level == parent``), and each leaf's keys with their hash."""
 
     __slots__ = ("sums", "below", "leaves", "size")
 
     def __init__(self) -> None:
         self.sums = [0] * BUCKETS
-        self.below: list[dict[int, dict[int, int]]] = [{} for _ in LEVELS[1:]]
+        self.below: list[dict[int, int]] = [{} for _ in LEVELS[1:]]
         self.leaves: dict[int, dict[str, int]] = {}
         self.size = 0
 
@@ -71,20 +75,13 @@ class _Group:
         """Add ``delta`` (mod 2**64) to every level's node holding position ``pos``."""
         b = pos % BUCKETS
         self.sums[b] = (self.sums[b] + delta) & MASK
-        parent = b
-        for level, mod in enumerate(LEVELS[1:]):
-            child = pos % mod
-            kids = self.below[level].get(parent)
-            if kids is None:
-                kids = self.below[level][parent] = {}
-            s = (kids.get(child, 0) + delta) & MASK
+        for sums, mod in zip(self.below, LEVELS[1:]):  # noqa: B905 - same length by build
+            node = pos % mod
+            s = (sums.get(node, 0) + delta) & MASK
             if s:
-                kids[child] = s
+                sums[node] = s
             else:  # empty (or, 2**-64 likely, keys summing to 0: read as 0 anyway)
-                kids.pop(child, None)
-                if not kids:
-                    del self.below[level][parent]
-            parent = child
+                sums.pop(node, None)
 
 
 class Digests:
@@ -194,12 +191,15 @@ class Digests:
                  peer: str | None = None) -> dict[int, int]:
         """The nonzero sums at ``level`` (1 .. len(LEVELS) - 1) under ``parents`` (ids at
         ``level - 1``) of ``table``, over the keys ``peer`` also replicates."""
+        step, mod = LEVELS[level - 1], LEVELS[level]
         out: dict[int, int] = {}
         for g in self._groups(table, peer):
-            below = g.below[level - 1]
+            sums = g.below[level - 1]
             for parent in parents:
-                for child, s in below.get(parent, {}).items():
-                    out[child] = (out.get(child, 0) + s) & MASK
+                for child in range(parent, mod, step):
+                    s = sums.get(child)
+                    if s:
+                        out[child] = (out.get(child, 0) + s) & MASK
         return {child: s for child, s in out.items() if s}
 
     def keys_in(self, table: str, buckets: Collection[int] = (), leaves: Collection[int] = (),
@@ -211,8 +211,8 @@ class Digests:
             wanted = set(leaves)
             for b in buckets:
                 parents = [b]
-                for below in g.below:
-                    parents = [c for p in parents for c in below.get(p, ())]
+                for sums, step, mod in zip(g.below, LEVELS, LEVELS[1:]):  # noqa: B905
+                    parents = [c for p in parents for c in range(p, mod, step) if c in sums]
                 wanted.update(parents)
             for leaf in wanted:
                 keys = g.leaves.get(leaf)
