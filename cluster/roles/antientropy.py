@@ -51,7 +51,8 @@ class Node(Host, Protocol):
 
 log = logging.getLogger("cluster.antientropy")
 
-_CHUNK = 2000  # keys rehashed or listed between two yields to the loop (a few ms)
+_CHUNK = 2000  # keys listed (entries) between two yields to the loop: a few ms
+_FLUSH_CHUNK = 1000  # keys rehashed between two yields: a few ms, under 20 ms on a busy core
 
 
 def _failure_level(node: Node) -> int:
@@ -92,7 +93,7 @@ class _Cpu:
 
 
 async def _flushed(node: Node) -> Digests:
-    """The store's digests, brought up to date in steps of ``_CHUNK`` keys (yielding between
+    """The store's digests, brought up to date in steps of ``_FLUSH_CHUNK`` keys (yielding between
     them, so a burst of changes or a freshly loaded store never stalls the loop); grouped by
     replica set unless every node holds every key."""
     ring = node.ring
@@ -101,11 +102,11 @@ async def _flushed(node: Node) -> Digests:
         if shards.digests.owner is not ring:  # a new store (recovery) or the first use
             shards.group_digests(ring, None if ring.replicates_everywhere
                                  else _replica_sets(ring))
-        left = shards.flush_digests(_CHUNK)
+        left = shards.flush_digests(_FLUSH_CHUNK)
     while left:
         await asyncio.sleep(0)
         with _Cpu(node):
-            left = node.state.shards.flush_digests(_CHUNK)
+            left = node.state.shards.flush_digests(_FLUSH_CHUNK)
     return node.state.shards.digests
 
 
