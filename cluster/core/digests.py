@@ -1,5 +1,6 @@
 """Anti-entropy digests kept up to date in place: per table and replica group, ``BUCKETS``
-64-bit sums of one hash per key, and an index of the keys by bucket.
+64-bit sums of one hash per key, a tree of finer sums below them (``LEVELS``), and an index of
+the keys by leaf.
 
 A key's hash is MurmurHash3 (x64, fixed seed) of ``msgpack([key, origin-sorted pairs])`` of its
 *visible* entry (``ShardStore.entry``); a bucket's digest is the sum of its keys' hashes mod
