@@ -277,7 +277,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--node-args", nargs=argparse.REMAINDER, default=[],
                     help="extra flags for every node")
+    ap.add_argument("--quick", action="store_true",
+                    help="20k counters and 2-3 s phases (a smoke run)")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.counters = min(args.counters, 20_000)
+        args.idle_seconds, args.settle_seconds = 2.0, 2.0
+        args.steady_seconds, args.partition_seconds = 2.0, 3.0
     try:
         import uvloop
 
