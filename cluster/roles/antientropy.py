@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -151,6 +152,8 @@ async def entries(node: Node, peer: str, want: dict[str, list[int]],
 async def on_digest(node: Node, peer: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     if "under" in body:
         return [{"sums": await child_digests(node, peer, body["level"], body["under"])}]
+    if _busy(node, peer):
+        return [{"busy": True}]
     return [{"digests": await digests(node, peer)}]
 
 
@@ -177,16 +180,44 @@ def _leaf_batches(node: Node, leaves: dict[str, list[int]]) -> list[dict[str, li
     return out
 
 
+# node -> peers it is running an exchange with: one at a time per pair, in either direction
+# (an exchange merges both ways, so a second one started meanwhile would only resend the same
+# entries: after a partition, the periodic round, the catch-up and the other side's would all
+# walk the same differing leaves at once)
+_running: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+
+
+def _busy(node: Node, peer: str) -> bool:
+    """``peer`` asks for our digests while we run an exchange with it ourselves: it skips its
+    own. Two started at the same instant both skip; the next round (a tick later for a peer
+    that missed writes) runs alone."""
+    return peer in _running.get(node, ())
+
+
 async def sync_with(node: Node, peer: str) -> int:
     """One anti-entropy exchange with ``peer``; the number of keys that differed. The buckets
     that differ are narrowed down level by level (the children of what still differs), so what
     is sent is the entries of the leaves that still differ: about what was missed, not the
-    buckets it fell in. A difference that was only in flight is gone by the next look."""
+    buckets it fell in. A difference that was only in flight is gone by the next look. Skipped
+    (0) while another exchange between the two nodes runs."""
+    running = _running.setdefault(node, set())
+    if peer in running:
+        return 0
+    running.add(peer)
+    try:
+        return await _sync(node, peer)
+    finally:
+        running.discard(peer)
+
+
+async def _sync(node: Node, peer: str) -> int:
     link = node.links[peer]
     timeout = node.config.quorum_timeout * 2
     m = node.metrics
     m.antientropy_rounds += 1
     first = (await asyncio.wait_for(link.call(Kind.DIGEST, [{}]), timeout))[0]
+    if first.get("busy"):  # it is running an exchange with us, which covers this one
+        return 0
     theirs = first["digests"]
     mine = await digests(node, peer)
     with _Cpu(node):
