@@ -215,6 +215,17 @@ class Digests:
                         out[child] = (out.get(child, 0) + s) & MASK
         return {child: s for child, s in out.items() if s}
 
+    def key_hashes(self, table: str, leaves: Collection[int],
+                   peer: str | None = None) -> dict[str, int]:
+        """The last look, below the leaves: each indexed key of ``leaves`` with its hash."""
+        out: dict[str, int] = {}
+        for g in self._groups(table, peer):
+            for leaf in leaves:
+                flat = g.leaves.get(leaf)
+                if flat:
+                    out.update(zip(flat[0::2], flat[1::2], strict=True))
+        return out
+
     def keys_in(self, table: str, buckets: Collection[int] = (), leaves: Collection[int] = (),
                 peer: str | None = None) -> list[str]:
         """The indexed keys of ``table`` in ``buckets`` or in ``leaves``: only those are

@@ -120,26 +120,35 @@ async def digests(node: Node, peer: str) -> dict[str, list[int]]:
 
 
 async def child_digests(node: Node, peer: str, level: int,
-                        parents: dict[str, list[int]]) -> dict[str, list[list[int]]]:
+                        parents: dict[str, list[int]]) -> dict[str, list[list[Any]]]:
     """A finer look: per table, ``[id, digest]`` of the nonzero nodes at ``level`` of the
-    digest tree (``cluster.core.digests.LEVELS``) under ``parents`` (ids one level up)."""
-    if not 1 <= level < len(LEVELS):
-        raise ValueError(f"level must be 1..{len(LEVELS) - 1}, got {level}")
+    digest tree (``cluster.core.digests.LEVELS``) under ``parents`` (ids one level up); at
+    ``len(LEVELS)``, below the leaves, ``[key, hash]`` of each key in the ``parents`` leaves."""
+    if not 1 <= level <= len(LEVELS):
+        raise ValueError(f"level must be 1..{len(LEVELS)}, got {level}")
     d = await _flushed(node)
     with _Cpu(node):
+        if level == len(LEVELS):
+            return {t: [[k, h] for k, h in d.key_hashes(t, ps, peer).items()]
+                    for t, ps in parents.items()}
         return {t: [[c, s] for c, s in d.children(t, level, ps, peer).items()]
                 for t, ps in parents.items()}
 
 
 async def entries(node: Node, peer: str, want: dict[str, list[int]],
-                  leaves: dict[str, list[int]] | None = None) -> list[list[Any]]:
+                  leaves: dict[str, list[int]] | None = None,
+                  keys_of: dict[str, list[str]] | None = None) -> list[list[Any]]:
     """``[table, key, entry]`` of the keys ``peer`` also replicates in the ``want`` buckets
-    or the ``leaves`` of each table; only those buckets are walked, ``_CHUNK`` keys a step."""
+    or the ``leaves`` of each table, or of the keys named (``keys_of``, those held); only those
+    buckets are walked, ``_CHUNK`` keys a step."""
     d = await _flushed(node)
     out: list[list[Any]] = []
-    for t in set(want) | set(leaves or {}):
+    named = keys_of or {}
+    for t in set(want) | set(leaves or {}) | set(named):
         with _Cpu(node):
             keys = d.keys_in(t, want.get(t, ()), (leaves or {}).get(t, ()), peer)
+            if t in named:
+                keys += [k for k in named[t] if node.state.shards.visible_hash(t, k) is not None]
         for i in range(0, len(keys), _CHUNK):
             if i:
                 await asyncio.sleep(0)
@@ -158,7 +167,8 @@ async def on_digest(node: Node, peer: str, body: dict[str, Any]) -> list[dict[st
 
 
 async def on_entries(node: Node, peer: str, bodies: list[dict[str, Any]]) -> list[list[Any]]:
-    return [await entries(node, peer, b.get("want", {}), b.get("leaves")) for b in bodies]
+    return [await entries(node, peer, b.get("want", {}), b.get("leaves"), b.get("keys"))
+            for b in bodies]
 
 
 def _size(body: Any) -> int:
@@ -240,19 +250,36 @@ async def _sync(node: Node, peer: str) -> int:
                                           {c: s for c, s in reply["sums"].get(t, [])}))}
     done = 0
     for batch in _leaf_batches(node, differ):
-        done += await _exchange(node, link, peer, {"want": {}, "leaves": batch})
+        keys = await _differing_keys(node, link, peer, batch)
+        if keys:
+            done += await _exchange(node, link, peer, {"want": {}, "keys": keys})
     return done
 
 
+async def _differing_keys(node: Node, link: Any, peer: str,
+                          leaves: dict[str, list[int]]) -> dict[str, list[str]]:
+    """Below the leaves: the keys whose hashes differ (or that one side lacks), so only their
+    entries are sent, not every key that shares a leaf with one."""
+    timeout = node.config.quorum_timeout * 2
+    ask = {"level": len(LEVELS), "under": leaves}
+    reply = (await asyncio.wait_for(link.call(Kind.DIGEST, [ask]), timeout))[0]
+    ours = await child_digests(node, peer, len(LEVELS), leaves)
+    with _Cpu(node):
+        node.metrics.antientropy_bytes += _size(ask) + _size(reply)
+        return {t: diff for t in leaves
+                if (diff := _differ({k: h for k, h in ours.get(t, [])},
+                                    {k: h for k, h in reply["sums"].get(t, [])}))}
+
+
 async def _exchange(node: Node, link: Any, peer: str, body: dict[str, Any]) -> int:
-    """Swap the entries ``body`` names (buckets or leaves) and max-merge both ways; keys
+    """Swap the entries ``body`` names (buckets, leaves or keys) and max-merge both ways; keys
     that differed."""
     timeout = node.config.quorum_timeout * 2
     got = (await asyncio.wait_for(link.call(Kind.ENTRIES, [body]), timeout))[0]
     with _Cpu(node):
         node.metrics.antientropy_bytes += _size(body) + _size(got)
         node.on_repair(got)
-    ours = await entries(node, peer, body["want"], body.get("leaves"))
+    ours = await entries(node, peer, body["want"], body.get("leaves"), body.get("keys"))
     with _Cpu(node):
         theirs = {(t, k): CounterEntry.from_wire(e) for t, k, e in got}
         push = [[t, k, e] for t, k, e in ours
