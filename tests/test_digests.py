@@ -25,6 +25,11 @@ def _position(table: str, key: str) -> int:
     return mmh3.hash(f"{table}/{key}", _SEED, signed=False)
 
 
+def _old_hash(store: ShardStore, table: str, key: str) -> int:
+    pairs = sorted(store.entry(table, key).pairs.items())
+    return int(mmh3.hash64(msgpack.packb([key, pairs]), _SEED, signed=False)[0])
+
+
 def scratch(store: ShardStore, keep: Callable[[str, str], bool] = lambda t, k: True,
             ) -> tuple[dict[str, list[int]], dict[str, dict[int, dict[int, int]]]]:
     """Bucket digests by a full pass over every key (the old ``digests``), and the sums of
@@ -123,6 +128,10 @@ def test_incremental_digests_equal_a_full_pass(ops: list[tuple[Any, ...]]) -> No
     for table in store.tables():
         got = tree(store.digests, table)
         assert {lv: ids for lv, ids in got.items() if ids} == leaves.get(table, {})
+        # below the leaves: every key with a visible entry, with its hash
+        assert store.digests.key_hashes(table, list(got[len(LEVELS) - 1])) == {
+            k: _old_hash(store, table, k) for k in store.keys_of(table)
+            if store.entry(table, k).pairs}
         # the index: a bucket's keys are exactly the keys with a visible entry in it
         for b in range(BUCKETS):
             want = {k for k in store.keys_of(table)
