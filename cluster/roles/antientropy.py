@@ -9,8 +9,9 @@
   entry (origin-sorted, so row layouts do not matter), kept up to date as entries change
   (``cluster.core.digests``), so an idle round costs O(buckets), not O(keys). Peers swap
   digests, then the digests one level down the tree under what differs, down to the leaves
-  (``LEVELS``), then the entries of the leaves that still differ, and both max-merge. Runs every
-  ``antientropy_interval``, when a peer comes back, and at start.
+  (``LEVELS``), then the hashes of the keys in the leaves that still differ, then the entries
+  of the keys that differ, and both max-merge. Runs every ``antientropy_interval``, when a peer
+  comes back, and at start; one exchange at a time between two nodes.
 - **Dedup pull**: before serving, a node OR-merges into each table's dedup the state of its
   replicas (FBF generations aligned by epoch; exact ids with their age; strategies with no merge
   are left as replayed), so a retry of an op applied while it was down is still recognised.
