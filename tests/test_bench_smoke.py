@@ -18,7 +18,9 @@ def test_every_benchmark_runs_quick() -> None:
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     out = done.stdout
     for name in ("bench.bench_fbf", "bench.bench_hotpath", "bench.bench_wire",
-                 "bench.bench_wal", "bench.bench_cluster", "bench.bench_dleft"):
+                 "bench.bench_wal", "bench.bench_cluster", "bench.bench_dleft",
+                 "bench.bench_scale"):
         assert f"=== {name} ===" in out
+    assert "idle, loaded:" in out and "partition and repair:" in out
     assert "signed us" in out and '"batch"' in out and "records/s" in out
     assert "bytes per remembered id" in out and "unpublished hold+busy+release" in out

@@ -99,5 +99,9 @@ async def test_health_and_metrics(cluster: LocalCluster, client: Client) -> None
         assert resp.status == 200
     for name in ("idc_applied_total", "idc_duplicates_total", "idc_log_fsync_seconds_bucket",
                  "idc_request_seconds_bucket", "idc_dedup_estimated_fpp", "idc_fbf_n_past",
-                 "idc_fbf_period_seconds", "idc_fbf_fill", "idc_replication_pending"):
+                 "idc_fbf_period_seconds", "idc_fbf_fill", "idc_replication_pending",
+                 "idc_antientropy_rounds_total", "idc_antientropy_bytes_total"):
         assert name in text, name
+    # the loop-lag timer runs from the start: samples arrive ten a second
+    lag = [ln for ln in text.splitlines() if ln.startswith("idc_loop_lag_seconds_count ")]
+    assert lag and float(lag[0].split()[1]) > 0, lag

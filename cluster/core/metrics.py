@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+# how late a timer fires; 0.02 is the stall budget (no loop stall over 20 ms)
+LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class Histogram:
@@ -91,11 +93,15 @@ class NodeMetrics:
     fenced: int = 0
     deferred: int = 0
     antientropy_keys: int = 0
+    antientropy_rounds: int = 0
+    antientropy_bytes: int = 0
+    antientropy_seconds: float = 0.0
     hints_delivered: int = 0
     retry_checks: int = 0
     unauthorized: int = 0
     overflows: int = 0
     requests: dict[str, Histogram] = field(default_factory=dict)
+    loop_lag: Histogram = field(default_factory=lambda: Histogram(LOOP_LAG_BUCKETS))
 
     def request_histogram(self, route: str) -> Histogram:
         h = self.requests.get(route)
@@ -183,12 +189,25 @@ def render(node: Any, auth: Any = None, edge: Any = None) -> str:
         ("fenced", "op copies refused as a replica: the op was claimed for another leader"),
         ("deferred", "ops that waited for an unpublished op on the same key"),
         ("antientropy_keys", "keys exchanged by anti-entropy"),
+        ("antientropy_rounds", "anti-entropy exchanges this node started"),
+        ("antientropy_bytes", "bytes of digests, leaf digests and entries (as msgpack) "
+                              "exchanged by the anti-entropy rounds this node started"),
         ("hints_delivered", "hinted writes delivered to a replica that came back"),
         ("retry_checks", "ops checked on the other replicas before being applied"),
         ("unauthorized", "client requests refused for a missing or wrong bearer token (401)"),
         ("overflows", "ops refused because they would take an entry past 2^64 - 1 (400)"),
     ):
         ex.simple(f"idc_{name}_total", "counter", help_text, getattr(m, name))
+    ex.simple("idc_antientropy_cpu_seconds_total", "counter",
+              "CPU time of anti-entropy's own steps (digests, leaves, entries, merges)",
+              m.antientropy_seconds)
+    digests = node.state.shards.digests
+    ex.simple("idc_digest_pending", "gauge", "keys changed and not yet rehashed into the "
+              "anti-entropy digests (rehashed at the next round)", digests.pending)
+    ex.family("idc_digest_checksum", "gauge", "sum of every bucket digest of the table, as of "
+              "the last rehash (low 48 bits): equal on two replicas holding equal entries")
+    for table, total in sorted(digests.checksums().items()):
+        ex.sample("idc_digest_checksum", total & ((1 << 48) - 1), {"table": table})
     ex.simple("idc_replayed_records", "gauge", "log records replayed at start", m.replayed)
     ex.simple("idc_counters", "gauge", "keys held by this node", node.state.shards.keys)
     _dedup_families(ex, node)
@@ -219,6 +238,8 @@ def render(node: Any, auth: Any = None, edge: Any = None) -> str:
                   edge.open_connections)
     ex.histogram("idc_request_seconds", "HTTP request latency by route",
                  ((f'route="{r}"', h) for r, h in sorted(m.requests.items())))
+    ex.histogram("idc_loop_lag_seconds", "how late a periodic timer fires: the event loop's "
+                 "stalls", [("", m.loop_lag)])
     return ex.render()
 
 

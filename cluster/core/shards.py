@@ -15,6 +15,10 @@ such deltas (``hide``/``unhide``); ``entry`` and ``value`` (what reads, repairs,
 peers see) subtract them, while ``own_pair`` and the rows themselves stay the local truth that
 the next op's pair is computed from. A visible pair only ever grows: a delta is hidden as it is
 applied and unhidden once it is published, or once a compensation cancels it (``compensate``).
+
+**Digests.** Every method that may change a key's visible entry marks the key in ``digests``
+(``cluster.core.digests``: anti-entropy's bucket sums, rehashed from the marks), so a digest
+never needs a pass over the whole store.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import msgpack
 
+from cluster.core.digests import Digests, GroupOf, entry_hash
 from cluster.core.ops import ItemFields
 
 Pair = tuple[int, int]
@@ -106,7 +111,7 @@ class CounterEntry:
 class ShardStore:
     """Every key's entry on one node; ``own`` is the origin this node raises."""
 
-    __slots__ = ("own", "_origins", "_index", "_tables", "keys", "_hidden")
+    __slots__ = ("own", "_origins", "_index", "_tables", "keys", "_hidden", "digests")
 
     def __init__(self, own: str) -> None:
         self.own = own
@@ -116,6 +121,7 @@ class ShardStore:
         # (table, key) -> origin -> [P, N] applied here but not published (module docstring)
         self._hidden: dict[tuple[str, str], dict[str, list[int]]] = {}
         self.keys = 0
+        self.digests = Digests()
         self._origin(own)  # index 0: apply_local touches row[0] and row[1] only
 
     def _origin(self, name: str) -> int:
@@ -150,6 +156,7 @@ class ShardStore:
             row[0] += delta
         else:
             row[1] -= delta
+        self.digests.mark(table, key)
         return row[0], row[1]
 
     def merge_pair(self, table: str, key: str, origin: str, p: int, n: int) -> bool:
@@ -163,12 +170,14 @@ class ShardStore:
         if n > row[i + 1]:
             row[i + 1] = n
             changed = True
+        if changed:
+            self.digests.mark(table, key)
         return changed
 
     def merge_items(self, items: Sequence[ItemFields]) -> None:
         """``merge_pair`` for a replication batch of items (``cluster.core.ops.Item``'s fields,
         lists off the wire), with the lookups hoisted out of the loop."""
-        tables, index = self._tables, self._index
+        tables, index, mark = self._tables, self._index, self.digests.mark
         for _op_id, table, key, origin, p, n, _delta, _ts in items:
             i = index.get(origin)
             if i is None:
@@ -185,8 +194,12 @@ class ShardStore:
                 row.extend([0] * (i + 2 - len(row)))
             if p > row[i]:
                 row[i] = p
-            if n > row[i + 1]:
+                if n > row[i + 1]:
+                    row[i + 1] = n
+                mark(table, key)
+            elif n > row[i + 1]:
                 row[i + 1] = n
+                mark(table, key)
 
     def own_pair(self, table: str, key: str) -> Pair:
         """This node's own pair as applied here (hidden deltas included)."""
@@ -205,6 +218,7 @@ class ShardStore:
             pn[0] += delta
         else:
             pn[1] -= delta
+        self.digests.mark(table, key)
 
     def unhide(self, table: str, key: str, origin: str, delta: int) -> None:
         """``delta`` is published (or compensated): it is part of the visible pair again."""
@@ -218,12 +232,15 @@ class ShardStore:
             pn[0] -= delta
         else:
             pn[1] += delta
+        self.digests.mark(table, key)
         if pn[0] <= 0 and pn[1] <= 0:
             del by_origin[origin]
             if not by_origin:
                 del self._hidden[(table, key)]
 
     def clear_hidden(self) -> None:
+        for table, key in self._hidden:
+            self.digests.mark(table, key)
         self._hidden.clear()
 
     def has_hidden(self, table: str, key: str) -> bool:
@@ -238,6 +255,7 @@ class ShardStore:
             row[i + 1] += delta
         else:
             row[i] -= delta
+        self.digests.mark(table, key)
         return row[i], row[i + 1]
 
     def pair(self, table: str, key: str, origin: str, *, visible: bool = True) -> Pair:
@@ -280,6 +298,43 @@ class ShardStore:
         row = self._tables.get(table, {}).get(key)
         return sum(row[0::2]) - sum(row[1::2]) if row else 0
 
+    def visible_hash(self, table: str, key: str) -> int | None:
+        """``cluster.core.digests.entry_hash`` of ``entry(table, key)``, None when it is empty;
+        built from the row directly (no ``CounterEntry``): it runs once per changed key."""
+        row = self._tables.get(table, {}).get(key)
+        if not row:
+            return None
+        origins = self._origins
+        hidden = self._hidden.get((table, key))
+        if hidden is None:
+            pairs = [(origins[j >> 1], (row[j], row[j + 1])) for j in range(0, len(row), 2)
+                     if row[j] or row[j + 1]]
+        else:
+            pn = {origins[j >> 1]: (row[j], row[j + 1]) for j in range(0, len(row), 2)}
+            for origin, (hp, hn) in hidden.items():
+                p, n = pn.get(origin, (0, 0))
+                pn[origin] = (max(0, p - hp), max(0, n - hn))
+            pairs = [(o, pair) for o, pair in pn.items() if pair[0] or pair[1]]
+        if not pairs:
+            return None
+        pairs.sort()
+        return entry_hash(key, pairs)
+
+    def flush_digests(self, limit: int | None = None) -> int:
+        """Bring ``digests`` up to date for at most ``limit`` changed keys; how many remain."""
+        return self.digests.flush(self.visible_hash, limit)
+
+    def group_digests(self, owner: object, group_of: GroupOf | None) -> None:
+        """Split the digests by replica group (``Digests``); a new grouping rehashes every key
+        at the next flushes, the same one (or one group as before) costs nothing."""
+        d = self.digests
+        if group_of is None and d.group_of is None:
+            d.owner = owner
+            return
+        self.digests = Digests(group_of, owner)
+        for table, rows in self._tables.items():
+            self.digests.mark_all(table, rows)
+
     def tables(self) -> Iterator[str]:
         return iter(self._tables)
 
@@ -306,6 +361,8 @@ class ShardStore:
             store._index = {name: i for i, name in enumerate(origins)}
             store._tables = tables
             store.keys = sum(len(rows) for rows in tables.values())
+            for table, rows in tables.items():
+                store.digests.mark_all(table, rows)
             return store
         for table, rows in tables.items():
             for key, row in rows.items():

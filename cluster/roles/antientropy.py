@@ -6,9 +6,12 @@
   so a crash loses only the queue, and the next anti-entropy exchange repairs what it held.
 - **Anti-entropy**: per table, the keys this node shares with a peer fall into ``BUCKETS``
   buckets by key hash; a bucket's digest is a 64-bit sum of MurmurHash3 over each key and its
-  entry (origin-sorted, so row layouts do not matter). Peers swap digests and then the entries
-  of the buckets that differ, and both max-merge. Runs every ``antientropy_interval``, when a
-  peer comes back, and at start.
+  entry (origin-sorted, so row layouts do not matter), kept up to date as entries change
+  (``cluster.core.digests``), so an idle round costs O(buckets), not O(keys). Peers swap
+  digests, then the digests one level down the tree under what differs, down to the leaves
+  (``LEVELS``), then the hashes of the keys in the leaves that still differ, then the entries
+  of the keys that differ, and both max-merge. Runs every ``antientropy_interval``, when a peer
+  comes back, and at start; one exchange at a time between two nodes.
 - **Dedup pull**: before serving, a node takes each table's dedup state from its replicas and
   keeps it for the window beside its own (``take_pulled``): an op whose id a replica held is
   checked on the replicas before it is applied, so a retry (or a stale first attempt) of an op
@@ -19,12 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Protocol
 
-import mmh3
 import msgpack
 
+from cluster.core.digests import LEAVES, LEVELS, Digests
 from cluster.core.ops import ItemFields
 from cluster.core.shards import CounterEntry
 from cluster.roles.host import Host
@@ -48,10 +54,8 @@ class Node(Host, Protocol):
 
 log = logging.getLogger("cluster.antientropy")
 
-BUCKETS = 64
-_SEED = 0x5EED_AE
-_MASK = (1 << 64) - 1
-_CHUNK = 2000
+_CHUNK = 2000  # keys listed (entries) between two yields to the loop: a few ms
+_FLUSH_CHUNK = 500  # keys rehashed between two yields: 5-8 ms on a busy core (10-15 us each)
 
 
 def _failure_level(node: Node) -> int:
@@ -60,76 +64,229 @@ def _failure_level(node: Node) -> int:
     return logging.INFO if node.ready else logging.DEBUG
 
 
-def bucket_of(table: str, key: str) -> int:
-    return mmh3.hash(f"{table}/{key}", _SEED, signed=False) % BUCKETS
+def _replica_sets(ring: Any) -> Callable[[str, str], frozenset[str]]:
+    """A key's replica set (one frozenset per distinct preference list, shared)."""
+    prefs = ring.preference_list
+    sets: dict[tuple[str, ...], frozenset[str]] = {}
+
+    def group_of(table: str, key: str) -> frozenset[str]:
+        p = prefs(table, key)
+        g = sets.get(p)
+        if g is None:
+            g = sets[p] = frozenset(p)
+        return g
+
+    return group_of
 
 
-def _shared(node: Node, peer: str) -> Any:
-    """(table, key, row entry) of every key ``peer`` also replicates."""
-    shards = node.state.shards
-    everywhere = node.ring.replicates_everywhere
-    prefs = node.ring.preference_list
-    for table in list(shards.tables()):
-        for key in list(shards.keys_of(table)):
-            if everywhere or peer in prefs(table, key):
-                yield table, key
+class _Cpu:
+    """Adds the thread CPU time of a synchronous stretch (never across an await) to the
+    node's ``antientropy_seconds``: what anti-entropy costs, apart from everything else."""
+
+    __slots__ = ("metrics", "t0")
+
+    def __init__(self, node: Node) -> None:
+        self.metrics = node.metrics
+
+    def __enter__(self) -> None:
+        self.t0 = time.thread_time()
+
+    def __exit__(self, *exc: object) -> None:
+        self.metrics.antientropy_seconds += time.thread_time() - self.t0
+
+
+async def _flushed(node: Node) -> Digests:
+    """The store's digests, brought up to date in steps of ``_FLUSH_CHUNK`` keys (yielding between
+    them, so a burst of changes or a freshly loaded store never stalls the loop); grouped by
+    replica set unless every node holds every key."""
+    ring = node.ring
+    with _Cpu(node):
+        shards = node.state.shards
+        if shards.digests.owner is not ring:  # a new store (recovery) or the first use
+            shards.group_digests(ring, None if ring.replicates_everywhere
+                                 else _replica_sets(ring))
+        left = shards.flush_digests(_FLUSH_CHUNK)
+    while left:
+        await asyncio.sleep(0)
+        with _Cpu(node):
+            left = node.state.shards.flush_digests(_FLUSH_CHUNK)
+    return node.state.shards.digests
 
 
 async def digests(node: Node, peer: str) -> dict[str, list[int]]:
-    """Per table, ``BUCKETS`` digests; yields to the loop every ``_CHUNK`` keys so a large
-    store does not stall the requests being served."""
-    out: dict[str, list[int]] = {}
-    entry = node.state.shards.entry
-    for i, (table, key) in enumerate(_shared(node, peer)):
-        if i and i % _CHUNK == 0:
-            await asyncio.sleep(0)
-        pairs = sorted(entry(table, key).pairs.items())
-        if not pairs:
-            continue
-        d = out.get(table)
-        if d is None:
-            d = out[table] = [0] * BUCKETS
-        h = mmh3.hash64(msgpack.packb([key, pairs]), _SEED, signed=False)[0]
-        b = bucket_of(table, key)
-        d[b] = (d[b] + h) & _MASK
+    """Per table, the ``BUCKETS`` digests of the keys ``peer`` also replicates: O(buckets)
+    once the keys changed since the last call are rehashed."""
+    d = await _flushed(node)
+    with _Cpu(node):
+        return d.sums(peer)
+
+
+async def child_digests(node: Node, peer: str, level: int,
+                        parents: dict[str, list[int]]) -> dict[str, list[list[Any]]]:
+    """A finer look: per table, ``[id, digest]`` of the nonzero nodes at ``level`` of the
+    digest tree (``cluster.core.digests.LEVELS``) under ``parents`` (ids one level up); at
+    ``len(LEVELS)``, below the leaves, ``[key, hash]`` of each key in the ``parents`` leaves."""
+    if not 1 <= level <= len(LEVELS):
+        raise ValueError(f"level must be 1..{len(LEVELS)}, got {level}")
+    d = await _flushed(node)
+    with _Cpu(node):
+        if level == len(LEVELS):
+            return {t: [[k, h] for k, h in d.key_hashes(t, ps, peer).items()]
+                    for t, ps in parents.items()}
+        return {t: [[c, s] for c, s in d.children(t, level, ps, peer).items()]
+                for t, ps in parents.items()}
+
+
+async def entries(node: Node, peer: str, want: dict[str, list[int]],
+                  leaves: dict[str, list[int]] | None = None,
+                  keys_of: dict[str, list[str]] | None = None) -> list[list[Any]]:
+    """``[table, key, entry]`` of the keys ``peer`` also replicates in the ``want`` buckets
+    or the ``leaves`` of each table, or of the keys named (``keys_of``, those held); only those
+    buckets are walked, ``_CHUNK`` keys a step."""
+    d = await _flushed(node)
+    out: list[list[Any]] = []
+    named = keys_of or {}
+    for t in set(want) | set(leaves or {}) | set(named):
+        with _Cpu(node):
+            keys = d.keys_in(t, want.get(t, ()), (leaves or {}).get(t, ()), peer)
+            if t in named:
+                keys += [k for k in named[t] if node.state.shards.visible_hash(t, k) is not None]
+        for i in range(0, len(keys), _CHUNK):
+            if i:
+                await asyncio.sleep(0)
+            with _Cpu(node):
+                entry = node.state.shards.entry
+                out.extend([t, k, entry(t, k).to_wire()] for k in keys[i:i + _CHUNK])
     return out
 
 
-def entries(node: Node, peer: str, want: dict[str, list[int]]) -> list[list[Any]]:
-    sets = {t: set(bs) for t, bs in want.items()}
-    entry = node.state.shards.entry
-    return [[t, k, entry(t, k).to_wire()] for t, k in _shared(node, peer)
-            if t in sets and bucket_of(t, k) in sets[t]]
-
-
 async def on_digest(node: Node, peer: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    if "under" in body:
+        return [{"sums": await child_digests(node, peer, body["level"], body["under"])}]
+    if _busy(node, peer):
+        return [{"busy": True}]
     return [{"digests": await digests(node, peer)}]
 
 
-def on_entries(node: Node, peer: str, body: dict[str, Any]) -> list[list[Any]]:
-    return entries(node, peer, body["want"])
+async def on_entries(node: Node, peer: str, bodies: list[dict[str, Any]]) -> list[list[Any]]:
+    return [await entries(node, peer, b.get("want", {}), b.get("leaves"), b.get("keys"))
+            for b in bodies]
+
+
+def _size(body: Any) -> int:
+    """Bytes of ``body`` as msgpack (what the frame carries, without its header and MAC)."""
+    return len(msgpack.packb(body))
+
+
+def _differ(mine: dict[Any, Any], theirs: dict[Any, Any]) -> list[Any]:
+    return sorted(k for k in set(mine) | set(theirs) if mine.get(k, 0) != theirs.get(k, 0))
+
+
+def _leaf_batches(node: Node, leaves: dict[str, list[int]]) -> list[dict[str, list[int]]]:
+    """``leaves`` split so that one ENTRIES answer holds about ``_CHUNK`` keys (at the
+    table's average keys per leaf): no huge frame to build, encode or merge in one step."""
+    per = max(1, _CHUNK * LEAVES // max(1, node.state.shards.keys))
+    out: list[dict[str, list[int]]] = []
+    for table, ls in leaves.items():
+        out.extend({table: ls[i:i + per]} for i in range(0, len(ls), per))
+    return out
+
+
+# node -> peers it is running an exchange with: one at a time per pair, in either direction
+# (an exchange merges both ways, so a second one started meanwhile would only resend the same
+# entries: after a partition, the periodic round, the catch-up and the other side's would all
+# walk the same differing leaves at once)
+_running: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+
+
+def _busy(node: Node, peer: str) -> bool:
+    """``peer`` asks for our digests while we run an exchange with it ourselves: it skips its
+    own. Two started at the same instant both skip; the next round (a tick later for a peer
+    that missed writes) runs alone."""
+    return peer in _running.get(node, ())
 
 
 async def sync_with(node: Node, peer: str) -> int:
-    """One anti-entropy exchange with ``peer``; the number of keys that differed."""
+    """One anti-entropy exchange with ``peer``; the number of keys that differed. The buckets
+    that differ are narrowed down level by level (the children of what still differs), so what
+    is sent is the entries of the leaves that still differ: about what was missed, not the
+    buckets it fell in. A difference that was only in flight is gone by the next look. Skipped
+    (0) while another exchange between the two nodes runs."""
+    running = _running.setdefault(node, set())
+    if peer in running:
+        return 0
+    running.add(peer)
+    try:
+        return await _sync(node, peer)
+    finally:
+        running.discard(peer)
+
+
+async def _sync(node: Node, peer: str) -> int:
     link = node.links[peer]
     timeout = node.config.quorum_timeout * 2
-    theirs = (await asyncio.wait_for(link.call(Kind.DIGEST, [{}]), timeout))[0]["digests"]
-    mine = await digests(node, peer)
-    want: dict[str, list[int]] = {}
-    for table in set(mine) | set(theirs):
-        a, b = mine.get(table, [0] * BUCKETS), theirs.get(table, [0] * BUCKETS)
-        diff = [i for i in range(BUCKETS) if a[i] != b[i]]
-        if diff:
-            want[table] = diff
-    if not want:
+    m = node.metrics
+    m.antientropy_rounds += 1
+    first = (await asyncio.wait_for(link.call(Kind.DIGEST, [{}]), timeout))[0]
+    if first.get("busy"):  # it is running an exchange with us, which covers this one
         return 0
-    got = (await asyncio.wait_for(link.call(Kind.ENTRIES, [{"want": want}]), timeout))[0]
-    node.on_repair(got)
-    ours = entries(node, peer, want)
-    theirs_map = {(t, k): CounterEntry.from_wire(e) for t, k, e in got}
-    push = [[t, k, e] for t, k, e in ours
-            if not theirs_map.get((t, k), CounterEntry()).dominates(CounterEntry.from_wire(e))]
+    theirs = first["digests"]
+    mine = await digests(node, peer)
+    with _Cpu(node):
+        m.antientropy_bytes += _size(first)
+        differ = {t: diff for t in set(mine) | set(theirs)
+                  if (diff := _differ(dict(enumerate(mine.get(t, ()))),
+                                      dict(enumerate(theirs.get(t, ())))))}
+    for level in range(1, len(LEVELS)):
+        if not differ:
+            return 0
+        ask = {"level": level, "under": differ}
+        reply = (await asyncio.wait_for(link.call(Kind.DIGEST, [ask]), timeout))[0]
+        if "sums" not in reply:  # a peer without the tree answers the first question again
+            return await _exchange(node, link, peer, {"want": differ})
+        ours = await child_digests(node, peer, level, differ)
+        with _Cpu(node):
+            m.antientropy_bytes += _size(ask) + _size(reply)
+            differ = {t: diff for t in differ
+                      if (diff := _differ({c: s for c, s in ours.get(t, [])},
+                                          {c: s for c, s in reply["sums"].get(t, [])}))}
+    done = 0
+    for batch in _leaf_batches(node, differ):
+        keys = await _differing_keys(node, link, peer, batch)
+        if keys:
+            done += await _exchange(node, link, peer, {"want": {}, "keys": keys})
+    return done
+
+
+async def _differing_keys(node: Node, link: Any, peer: str,
+                          leaves: dict[str, list[int]]) -> dict[str, list[str]]:
+    """Below the leaves: the keys whose hashes differ (or that one side lacks), so only their
+    entries are sent, not every key that shares a leaf with one."""
+    timeout = node.config.quorum_timeout * 2
+    ask = {"level": len(LEVELS), "under": leaves}
+    reply = (await asyncio.wait_for(link.call(Kind.DIGEST, [ask]), timeout))[0]
+    ours = await child_digests(node, peer, len(LEVELS), leaves)
+    with _Cpu(node):
+        node.metrics.antientropy_bytes += _size(ask) + _size(reply)
+        return {t: diff for t in leaves
+                if (diff := _differ({k: h for k, h in ours.get(t, [])},
+                                    {k: h for k, h in reply["sums"].get(t, [])}))}
+
+
+async def _exchange(node: Node, link: Any, peer: str, body: dict[str, Any]) -> int:
+    """Swap the entries ``body`` names (buckets, leaves or keys) and max-merge both ways; keys
+    that differed."""
+    timeout = node.config.quorum_timeout * 2
+    got = (await asyncio.wait_for(link.call(Kind.ENTRIES, [body]), timeout))[0]
+    with _Cpu(node):
+        node.metrics.antientropy_bytes += _size(body) + _size(got)
+        node.on_repair(got)
+    ours = await entries(node, peer, body["want"], body.get("leaves"), body.get("keys"))
+    with _Cpu(node):
+        theirs = {(t, k): CounterEntry.from_wire(e) for t, k, e in got}
+        push = [[t, k, e] for t, k, e in ours
+                if not theirs.get((t, k), CounterEntry()).dominates(CounterEntry.from_wire(e))]
+        node.metrics.antientropy_bytes += _size(push) if push else 0
     if push:
         await asyncio.wait_for(link.call(Kind.REPAIR, push), timeout)
     node.metrics.antientropy_keys += len(got) + len(push)

@@ -302,7 +302,7 @@ class Node:
         if kind == Kind.DIGEST:
             return antientropy.on_digest(self, peer_id, body[0] if body else {})
         if kind == Kind.ENTRIES:
-            return [antientropy.on_entries(self, peer_id, b) for b in body]
+            return antientropy.on_entries(self, peer_id, body)
         if kind == Kind.DEDUP:
             return [antientropy.on_dedup(self, b) for b in body]
         raise ValueError(f"unknown peer frame kind {kind}")

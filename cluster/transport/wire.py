@@ -42,8 +42,13 @@ class Kind(IntEnum):
     REPAIR = 4  # body: [[table, key, {origin: [p, n]}], ...] -> None once durable
     PING = 5  # body: {"ready": bool} -> {"ready": bool} (heartbeat, cluster/failure.py)
     HOLDS = 6  # body: [[table, key, op_id], ...] -> [[held, {origin: [p, n]}], ...]
-    DIGEST = 7  # body: {"buckets": n, "digests": {table: [int, ...]}} -> the same, ours
-    ENTRIES = 8  # body: {"buckets": n, "want": {table: [bucket, ...]}} -> [[table, key, entry]]
+    # DIGEST body: {} -> {"digests": {table: [64 ints]}} (or {"busy": true}); or {"level": i,
+    # "under": {table: [id, ...]}} -> {"sums": {table: [[child id, sum], ...]}} (the digest
+    # tree, core/digests.py; below the leaves, i = len(LEVELS): [[key, hash], ...])
+    DIGEST = 7
+    # ENTRIES body: {"want": {table: [bucket, ...]}, "leaves": {table: [leaf, ...]},
+    # "keys": {table: [key, ...]}} -> [[table, key, entry], ...]
+    ENTRIES = 8
     DEDUP = 9  # body: [table, ...] -> {table: dedup.to_bytes()}
     REPLY = 100
     ERROR = 101
