@@ -72,12 +72,14 @@ def test_visible_unpublished_deltas_are_caught() -> None:
 # socket buffer past its window, applied a second time.
 # 398: a retry found in the dedup, deferred behind an unpublished op on its key until the dedup
 # forgot it, then applied as new past its window; 6718: a withdrawal's compensation pushed to
-# the replicas before its record was durable, then a crash: the op was withdrawn twice. (Each
+# the replicas before its record was durable, then a crash: the op was withdrawn twice; 7975:
+# a livelock, _lead_later waiting for a deadline closer than the clock's resolution. (Each
 # with the faults of the sweep that found it.)
 @pytest.mark.parametrize(("seed", "faults"), [(4, ("crash",)), (5, EVERY_BUT_TORN),
                                               (61, EVERY_BUT_TORN), (16, EVERY_BUT_TORN),
                                               (63, EVERY_BUT_TORN), (101, EVERY_BUT_TORN),
-                                              (398, EVERY_BUT_TORN), (6718, DEFAULT_FAULTS)])
+                                              (398, EVERY_BUT_TORN), (6718, DEFAULT_FAULTS),
+                                              (7975, DEFAULT_FAULTS)])
 def test_regression_seeds(seed: int, faults: tuple[str, ...]) -> None:
     res = run_seed(Options(seed=seed, ops=200, faults=faults))
     assert res.ok, res.line()
