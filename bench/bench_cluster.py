@@ -301,17 +301,23 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.seconds, args.live_counters, args.memory = min(args.seconds, 2.0), 0, False
+    return run_and_report(main_async(args), args.json)
+
+
+
+def run_and_report(coro: Any, json_path: str | None) -> int:
+    """Run a benchmark's main coroutine (on uvloop when installed), print its results as JSON
+    and, with ``json_path``, write them there too."""
     try:
         import uvloop
 
-        results = uvloop.run(main_async(args))
+        results = uvloop.run(coro)
     except ImportError:
-        results = asyncio.run(main_async(args))
+        results = asyncio.run(coro)
     print(json.dumps(results, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+    if json_path:
+        Path(json_path).write_text(json.dumps(results, indent=2))
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

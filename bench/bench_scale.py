@@ -29,15 +29,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import random
 import time
-from pathlib import Path
 from typing import Any
 
 import msgpack
 
-from bench.bench_cluster import cpu_seconds, load_counters, rss_kib
+from bench.bench_cluster import cpu_seconds, load_counters, rss_kib, run_and_report
 from bench.httpload import HttpConn
 from client.proxy.server import Proxy
 from cluster.local import LocalCluster, free_ports
@@ -284,16 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         args.counters = min(args.counters, 20_000)
         args.idle_seconds, args.settle_seconds = 2.0, 2.0
         args.steady_seconds, args.partition_seconds = 2.0, 3.0
-    try:
-        import uvloop
-
-        results = uvloop.run(main_async(args))
-    except ImportError:
-        results = asyncio.run(main_async(args))
-    print(json.dumps(results, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
-    return 0
+    return run_and_report(main_async(args), args.json)
 
 
 if __name__ == "__main__":
