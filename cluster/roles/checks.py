@@ -357,18 +357,21 @@ async def confirm_duplicates(node: Node, ops: Sequence[tuple[str, str, str]]) ->
     BUSY) makes the answer 503 (the client's retry comes back after it is settled); each one
     whose entry covers this node's shows the op; when fewer than W do, this node's entry is
     pushed to the others that answered (``REPAIR``, acked once in their log) and each ack
-    counts. An op this node withdrew (another leader's application stands) counts the replicas
-    that hold it instead. It answers as soon as every op is decided (W replicas show it, or its
-    application is open somewhere), or after ``quorum_timeout`` per round. W = 1: this node's
+    counts. An op this node withdrew (another leader's application stands) is confirmed once
+    every other replica answered and none has it open. It answers as soon as every op is
+    decided (W replicas show it, or its application is open somewhere), or after
+    ``quorum_timeout`` per round. W = 1: this node's
     own log is the quorum, nobody is asked."""
     w = node.config.quorum
     if w <= 1:
         return [True] * len(ops)  # this node's own log is the quorum
     by_replica: dict[str, list[int]] = {}
+    others = [0] * len(ops)
     for i, (table, key, _op_id) in enumerate(ops):
         for r in node.ring.preference_list(table, key):
             if r != node.id:
                 by_replica.setdefault(r, []).append(i)
+                others[i] += 1
     entry, withdrawn = node.state.shards.entry, node.state.withdrawn
     mine = [None if op_id in withdrawn else entry(table, key) for table, key, op_id in ops]
     timeout = node.config.quorum_timeout
@@ -390,10 +393,12 @@ async def confirm_duplicates(node: Node, ops: Sequence[tuple[str, str, str]]) ->
 
     def shows(i: int, got: list[tuple[str, int, CounterEntry]]) -> int:
         """Replicas that surely show op ``i``: this node (its entry covers the op) and each
-        whose entry covers this node's; for an op this node withdrew, those that hold it."""
+        whose entry covers this node's. For an op this node withdrew, the application that
+        stands is another replica's: once every other replica answered and none has it open,
+        it is published (on W replicas), else nothing is sure."""
         ours = mine[i]
         if ours is None:
-            return sum(held == HELD for _, held, _ in got)
+            return w if len(got) >= others[i] and not open_elsewhere(got) else 0
         return 1 + sum(e.dominates(ours) for _, _, e in got)
 
     def decided() -> bool:
