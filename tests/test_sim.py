@@ -134,3 +134,11 @@ def test_a_sweep_in_worker_processes_prints_every_seed_in_order(
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines[:4]] == [f"seed {s}" for s in range(3, 7)]
     assert lines[4].startswith("4 seed(s), 0 violation(s)") and "2 job(s)" in lines[4]
+
+
+@pytest.mark.xfail(strict=True, reason="open (docs/sim.md): two leaders that both held c4:5 in "
+                   "doubt through pauses both published it (an over-count of 1); not yet "
+                   "diagnosed")
+def test_known_bug_seed_6154_two_in_doubt_copies_both_published() -> None:
+    res = run_seed(Options(seed=6154, ops=200, faults=DEFAULT_FAULTS))
+    assert res.ok, res.line()
