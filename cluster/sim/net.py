@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import msgpack
 
 from cluster.core.errors import PeerError
-from cluster.transport.peer import Waiter, resolve_waiters
+from cluster.transport.peer import Waiter, refusal, resolve_waiters
 from cluster.transport.wire import Kind
 
 
@@ -135,11 +135,9 @@ class SimLink:
     def call(self, kind: int, items: list[Any], *, probe: bool = False) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
-        if self._closed:
-            fut.set_exception(PeerError(f"link to {self.peer_id} is closed"))
-            return fut
-        if self.fault is not None and self.fault(kind, items):
-            fut.set_exception(PeerError(f"fault hook dropped a {kind} call to {self.peer_id}"))
+        refused = refusal(self.peer_id, self._closed, self.fault, kind, items)
+        if refused is not None:
+            fut.set_exception(refused)
             return fut
         if not self.connected:  # connection refused
             fut.set_exception(PeerError(f"peer {self.peer_id} is unreachable"))

@@ -158,6 +158,17 @@ class _Batch:
 
 
 
+def refusal(peer_id: str, closed: bool, fault: Callable[[int, list[Any]], bool] | None,
+            kind: int, items: list[Any]) -> PeerError | None:
+    """Why a call on a link fails before it is queued: the link is closed, or the test fault
+    hook drops it. None when it goes ahead. (The TCP link and the simulator's link share it.)"""
+    if closed:
+        return PeerError(f"link to {peer_id} is closed")
+    if fault is not None and fault(kind, items):
+        return PeerError(f"fault hook dropped a {kind} call to {peer_id}")
+    return None
+
+
 def resolve_waiters(peer_id: str, waiters: list[Waiter], kind: int, body: Any) -> None:
     """Answer the calls merged into one frame: each gets its slice of a list reply (or the
     whole reply), or every one the peer's error."""
@@ -223,11 +234,9 @@ class PeerLink:
         a peer that comes back is reached by the next probe, not after a back-off."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
-        if self._closed:
-            fut.set_exception(PeerError(f"link to {self.peer_id} is closed"))
-            return fut
-        if self.fault is not None and self.fault(kind, items):
-            fut.set_exception(PeerError(f"fault hook dropped a {kind} call to {self.peer_id}"))
+        refused = refusal(self.peer_id, self._closed, self.fault, kind, items)
+        if refused is not None:
+            fut.set_exception(refused)
             return fut
         if self._proto is None:
             if not probe and not self.maybe_live() and self._connecting is None:
