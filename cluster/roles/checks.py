@@ -289,15 +289,25 @@ def _bound_by_birth(node: Node, ops: list[Op], idx: list[int], births: Sequence[
     """The ops at ``idx`` go unchecked (found in the dedup now, or not retries): each gets a
     lease up to the end of its window all the same, since it may wait (behind an unpublished
     op on its key) until after the dedup forgot it, and would then be applied as new."""
-    now, mono, skew = node.clock(), node.monotonic(), node.config.max_clock_skew
-    leases, window = node.leases, node.state.window
+    mono, leases = node.monotonic(), node.leases
     for i in idx:
         table, _key, op_id, _delta, _attempt = ops[i]
-        if window(table) <= 0:
-            continue  # a strategy that remembers nothing (``none``): no limit to keep
-        limit = mono + births[i] + window(table) - skew - now
+        left = _time_left(node, table, births[i])
+        if left is None:
+            continue
+        limit = mono + left
         if op_id not in leases or leases[op_id] > limit:
             leases[op_id] = limit
+
+
+def _time_left(node: Node, table: str, born: float) -> float | None:
+    """Seconds until an op ``born`` then is older than the replicas surely remember (the
+    table's window, less the clock skew between this node and the one that stamped the
+    birth); None for a strategy that remembers nothing (``none``, window 0): no limit."""
+    window = node.state.window(table)
+    if window <= 0:
+        return None
+    return born + window - node.config.max_clock_skew - node.clock()
 
 
 async def _check_one(node: Node, op: Op, born: float | None = None
@@ -317,9 +327,8 @@ async def _check_one(node: Node, op: Op, born: float | None = None
     node.metrics.retry_checks += 1
     sent = node.monotonic()
     deadline = sent + lease(node, table)
-    window = node.state.window(table)
-    if born is not None and window > 0:  # 0: a strategy that remembers nothing (``none``)
-        left = born + window - node.config.max_clock_skew - node.clock()
+    left = None if born is None else _time_left(node, table, born)
+    if left is not None:
         if left <= 0:
             node.metrics.expired += 1
             return _EXPIRED, deadline
