@@ -292,7 +292,7 @@ def _bound_by_birth(node: Node, ops: list[Op], idx: list[int], births: Sequence[
     mono, leases = node.monotonic(), node.leases
     for i in idx:
         table, _key, op_id, _delta, _attempt = ops[i]
-        left = _time_left(node, table, births[i])
+        left = time_left(node, table, births[i])
         if left is None:
             continue
         limit = mono + left
@@ -300,7 +300,7 @@ def _bound_by_birth(node: Node, ops: list[Op], idx: list[int], births: Sequence[
             leases[op_id] = limit
 
 
-def _time_left(node: Node, table: str, born: float) -> float | None:
+def time_left(node: Node, table: str, born: float) -> float | None:
     """Seconds until an op ``born`` then is older than the replicas surely remember (the
     table's window, less the clock skew between this node and the one that stamped the
     birth); None for a strategy that remembers nothing (``none``, window 0): no limit."""
@@ -327,7 +327,7 @@ async def _check_one(node: Node, op: Op, born: float | None = None
     node.metrics.retry_checks += 1
     sent = node.monotonic()
     deadline = sent + lease(node, table)
-    left = None if born is None else _time_left(node, table, born)
+    left = None if born is None else time_left(node, table, born)
     if left is not None:
         if left <= 0:
             node.metrics.expired += 1

@@ -149,8 +149,8 @@ def _verdict(node: Node, item: Item, answered: int,
 def _past_memory(node: Node, item: Item) -> bool:
     """The op is older than what a replica surely remembers of another application of it:
     the table's window, less the clock skew allowed between nodes."""
-    window = node.state.window(item.table)
-    return window > 0 and node.clock() - item.ts > window - node.config.max_clock_skew
+    left = checks.time_left(node, item.table, item.ts)
+    return left is not None and left < 0
 
 
 async def ask_holds_many(node: Node, table: str, key: str, op_ids: list[str]
