@@ -18,6 +18,7 @@ import pytest
 from cluster_util import Client
 
 from cluster.core.config import NodeConfig, from_mapping
+from cluster.core.errors import PeerError
 from cluster.core.ring import Ring
 from cluster.local import free_ports
 from cluster.roles import checks
@@ -451,6 +452,60 @@ async def test_a_replica_refuses_a_copy_of_an_op_claimed_for_another_leader(
         assert n3.claims.holder("x:1") is None and n3.claims.fence("x:1") == "n2"
         assert await n1.links["n3"].call(Kind.REPLICATE, copy[:1]) is False  # still fenced
         assert n3.state.shards.entry("t", key).value() == 5
+
+
+async def reached(link: Any, kind: Kind, items: Any, timeout: float = 5.0) -> Any:
+    """``link.call`` once the link (to a peer just restarted) connects again."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await link.call(kind, items)
+        except PeerError:
+            assert time.monotonic() < deadline, f"{link} never reached"
+            await asyncio.sleep(0.05)
+
+
+async def test_a_restarted_replica_gives_no_claim_it_may_have_given_before(
+        tmp_path: Path) -> None:
+    """The simulator's seed 6154: n3 claimed op x:1 for n2's check, then crashed; claims live in
+    memory, so after its restart it claimed x:1 again for n1 (whose own copy, held in doubt
+    through a pause, was then published next to n2's application). For a claim's life after a
+    restart a node gives no claim on an op born before it (FORGOT), does not count its own
+    claim in its checks of such ops, and refuses copies applied before it. Ops born after the
+    restart are claimed as usual."""
+    from cluster.core.ops import Op
+
+    key = key_with(("n1", "n2", "n3"))
+    async with cluster(tmp_path) as c:
+        n1 = c.servers["n1"].node
+        born = time.time() - 0.5
+        ask = [["t", key, "x:1", checks.CLAIM, born]]
+        assert (await c.servers["n2"].node.links["n3"].call(Kind.HOLDS, ask))[0][0] == 0
+        assert c.servers["n3"].node.claims.holder("x:1") == "n2"
+        c.crash("n3")
+        n3 = (await c.start("n3")).node
+        assert n3.claims.holder("x:1") is None and n3.claims.amnesiac()
+        held = (await reached(n1.links["n3"], Kind.HOLDS, ask))[0][0]
+        assert held == checks.FORGOT and n3.claims.holder("x:1") is None
+        later = time.time() + n3.config.max_clock_skew + 0.01
+        fresh = [["t", key, "y:1", checks.CLAIM, later]]
+        assert (await n1.links["n3"].call(Kind.HOLDS, fresh))[0][0] == 0
+        assert n3.claims.holder("y:1") == "n1"
+        # n1's copy of x:1, applied before the restart: perhaps fenced before it, so refused
+        stale = [["x:1", "t", key, n1.origin, 5, 0, 5, born]]
+        assert await n1.links["n3"].call(Kind.REPLICATE, stale) is False
+        assert n3.state.shards.entry("t", key).value() == 0 and n3.metrics.fenced == 1
+        # n1 checks x:1 while n2 is silent: n3's FORGOT is no claim, so no majority
+        c.fault("n1", "n2", {Kind.HOLDS})
+        status, _deadline = await checks._check_one(n1, Op("t", key, "x:1", 5, 2), born)
+        assert status == int(Status.UNAVAILABLE) and n1.claims.holder("x:1") is None
+        # and n3's own check of an op born before its restart needs both others' claims
+        await reached(n3.links["n1"], Kind.READ, [["t", key]])
+        c.fault("n3", "n2", {Kind.HOLDS})
+        status, _deadline = await checks._check_one(n3, Op("t", key, "z:1", 5, 2), born)
+        assert status == int(Status.UNAVAILABLE)
+        status, _deadline = await checks._check_one(n3, Op("t", key, "z:2", 5, 2), later)
+        assert status is None  # born after the restart: n3's claim and n1's make a majority
 
 
 async def test_a_duplicate_is_answered_only_once_the_op_is_visible_on_a_quorum(

@@ -73,13 +73,15 @@ def test_visible_unpublished_deltas_are_caught() -> None:
 # 398: a retry found in the dedup, deferred behind an unpublished op on its key until the dedup
 # forgot it, then applied as new past its window; 6718: a withdrawal's compensation pushed to
 # the replicas before its record was durable, then a crash: the op was withdrawn twice; 7975:
-# a livelock, _lead_later waiting for a deadline closer than the clock's resolution. (Each
-# with the faults of the sweep that found it.)
+# a livelock, _lead_later waiting for a deadline closer than the clock's resolution; 6154: a
+# replica claimed an op for one checker, crashed, and after its restart claimed it for a
+# second one (the first checker paused with its application): both published it. (Each with
+# the faults of the sweep that found it.)
 @pytest.mark.parametrize(("seed", "faults"), [(4, ("crash",)), (5, EVERY_BUT_TORN),
                                               (61, EVERY_BUT_TORN), (16, EVERY_BUT_TORN),
                                               (63, EVERY_BUT_TORN), (101, EVERY_BUT_TORN),
                                               (398, EVERY_BUT_TORN), (6718, DEFAULT_FAULTS),
-                                              (7975, DEFAULT_FAULTS)])
+                                              (7975, DEFAULT_FAULTS), (6154, DEFAULT_FAULTS)])
 def test_regression_seeds(seed: int, faults: tuple[str, ...]) -> None:
     res = run_seed(Options(seed=seed, ops=200, faults=faults))
     assert res.ok, res.line()
@@ -136,9 +138,3 @@ def test_a_sweep_in_worker_processes_prints_every_seed_in_order(
     assert lines[4].startswith("4 seed(s), 0 violation(s)") and "2 job(s)" in lines[4]
 
 
-@pytest.mark.xfail(strict=True, reason="open (docs/sim.md): two leaders that both held c4:5 in "
-                   "doubt through pauses both published it (an over-count of 1); not yet "
-                   "diagnosed")
-def test_known_bug_seed_6154_two_in_doubt_copies_both_published() -> None:
-    res = run_seed(Options(seed=6154, ops=200, faults=DEFAULT_FAULTS))
-    assert res.ok, res.line()

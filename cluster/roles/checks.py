@@ -72,8 +72,9 @@ _APPLIED, _DUPLICATE, _UNAVAILABLE, _EXPIRED = (int(Status.APPLIED), int(Status.
                                                 int(Status.UNAVAILABLE), int(Status.EXPIRED))
 # HOLDS answers: in the dedup; applied there and not yet on a quorum (its quorum failed);
 # applied there and withdrawn; undecided there (claimed by another checker, or its own
-# application still waiting for its quorum): ask again later
-HELD, IN_DOUBT, WITHDRAWN, BUSY = 1, 2, 3, 4
+# application still waiting for its quorum): ask again later; no claim given, since the
+# replica restarted within a claim's life and may have promised the op before (``Claims``)
+HELD, IN_DOUBT, WITHDRAWN, BUSY, FORGOT = 1, 2, 3, 4, 5
 # HOLDS request modes (the item's fourth field): only ask; ask and claim; release a claim
 QUERY, CLAIM, RELEASE = 0, 1, 2
 MAX_CHECKED = 1_000_000  # exact ids applied through the check, kept for the window
@@ -109,6 +110,31 @@ class Claims:
     def __init__(self, clock: Any = time.monotonic) -> None:
         self.clock = clock
         self._c: OrderedDict[str, tuple[str, float, bool]] = OrderedDict()
+        # Claims live in memory: a restart forgets the promises made before it, which may
+        # still be running (the seed 6154 over-count: a replica claimed an op for one checker,
+        # crashed, and after its restart claimed it for a second one; both applied it). Until
+        # ``forgot_until`` (monotonic) this node gives no claim on an op it does not know
+        # (FORGOT), its own check does not count itself, and it refuses a copy of an op applied
+        # before ``forgot_before`` (wall clock, less the skew): it may have fenced it before
+        # the crash. An op first sent after that was never promised before: it is exempt.
+        self.forgot_until = 0.0
+        self.forgot_before = 0.0
+
+    def forget(self, life: float, restarted_wall: float) -> None:
+        """This node restarted: what it promised before lasts at most ``life`` from now; a
+        copy of an op applied before ``restarted_wall`` may be one it fenced."""
+        self.forgot_until = self.clock() + life
+        self.forgot_before = restarted_wall
+
+    def amnesiac(self) -> bool:
+        """Within a claim's life after a restart (promises made before it are unknown)."""
+        return self.forgot_until > 0.0 and self.clock() < self.forgot_until
+
+    def forgets(self, born: float | None) -> bool:
+        """Whether this node may have promised an op ``born`` then (unknown: None) before a
+        restart it has forgotten: an op first sent after the restart was never claimed
+        before it."""
+        return self.amnesiac() and (born is None or born < self.forgot_before)
 
     def __len__(self) -> int:
         return len(self._c)
@@ -191,13 +217,15 @@ def claims_needed(node: Node) -> int:
     return max(rf - node.config.quorum, rf // 2)
 
 
-async def ask_holds(node: Node, table: str, key: str, op_id: str, mode: int = CLAIM
+async def ask_holds(node: Node, table: str, key: str, op_id: str, born: float | None
                     ) -> tuple[int, list[tuple[str, int, bool, CounterEntry]]]:
-    """Ask the key's other replicas about ``op_id`` (and claim it there, see ``Claims``):
-    (replicas that answered, their answers as (node, HELD/IN_DOUBT/WITHDRAWN/BUSY/0, applied
-    it after a check, entry of the key)). 0 from a replica asked with CLAIM is its claim."""
+    """Ask the key's other replicas about ``op_id`` and claim it there (see ``Claims``):
+    (replicas that answered, their answers as (node, HELD/IN_DOUBT/WITHDRAWN/BUSY/FORGOT/0,
+    applied it after a check, entry of the key)); 0 is a claim. ``born``: when the op was
+    first sent, if known (a replica that restarted since then cannot have promised it)."""
     others = [r for r in node.ring.preference_list(table, key) if r != node.id]
-    futs = {r: node.links[r].call(Kind.HOLDS, [[table, key, op_id, mode]]) for r in others}
+    item = [table, key, op_id, CLAIM] if born is None else [table, key, op_id, CLAIM, born]
+    futs = {r: node.links[r].call(Kind.HOLDS, [item]) for r in others}
     if futs:  # with rf = 1 there is nobody to ask
         await asyncio.wait(futs.values(), timeout=node.config.quorum_timeout)
     out = []
@@ -223,22 +251,27 @@ def release_claims(node: Node, table: str, key: str, op_id: str) -> None:
 def on_holds(node: Node, items: list[list[Any]], peer: str = "?") -> list[list[Any]]:
     """Answer ``HOLDS`` from ``peer``: IN_DOUBT when this node applied the op and its quorum
     failed (settled later), BUSY when that quorum is still being waited for or another node
-    holds a claim on the op, WITHDRAWN, HELD when the id is in the dedup, else 0 (and, asked
-    with CLAIM, the op is claimed for ``peer``); whether this node applied it after a check;
-    the key's entry (so the asker learns what the op contributed)."""
+    holds a claim on the op, WITHDRAWN, HELD when the id is in the dedup (or this node applied
+    it after a check), else 0 (and, asked with CLAIM, the op is claimed for ``peer``; FORGOT
+    instead shortly after a restart); whether this node applied it after a check; the key's
+    entry (so the asker learns what the op contributed)."""
     out = []
     pending, inflight, claims = node.pending, node.inflight, node.claims
     for item in items:
         table, key, op_id = item[0], item[1], item[2]
         mode = item[3] if len(item) > 3 else QUERY
+        born = item[4] if len(item) > 4 else None
         if op_id in pending:
             held = BUSY if op_id in inflight else IN_DOUBT
         elif op_id in node.state.withdrawn:
             held = WITHDRAWN
-        elif op_id.encode() in node.state.dedup(table):
-            held = HELD
+        elif op_id in node.checked or op_id.encode() in node.state.dedup(table):
+            held = HELD  # applied here (after a check: remembered past the dedup's forgetting)
         elif mode == CLAIM:
-            held = 0 if claims.take(op_id, peer, claim_life(node, table)) else BUSY
+            if claims.fence(op_id) is None and claims.forgets(born):
+                held = FORGOT  # may have been promised to another checker before a restart
+            else:
+                held = 0 if claims.take(op_id, peer, claim_life(node, table)) else BUSY
         else:
             if mode == RELEASE:
                 claims.release(op_id, peer)
@@ -335,7 +368,8 @@ async def _check_one(node: Node, op: Op, born: float | None = None
         deadline = min(deadline, sent + left)
     if not node.claims.take(op_id, node.id, claim_life(node, table)):
         return _UNAVAILABLE, deadline  # another node is checking it: retry decides later
-    answered, answers = await ask_holds(node, table, key, op_id)
+    _answered, answers = await ask_holds(node, table, key, op_id, born)
+    answers = [a for a in answers if a[1] != FORGOT]  # no claim given, nothing said
     if any(held in (IN_DOUBT, BUSY) for _, held, _, _ in answers):
         # another leader's application (or check) is still open: retry decides later
         release_claims(node, table, key, op_id)
@@ -348,7 +382,9 @@ async def _check_one(node: Node, op: Op, born: float | None = None
                 return _UNAVAILABLE, deadline
             node.metrics.duplicates += 1
             return _DUPLICATE, deadline
-    if answered < claims_needed(node):
+    # Shortly after a restart this node's own claim proves nothing (it may have promised the
+    # op to another checker before): the others' claims must then make the majority alone.
+    if len(answers) < claims_needed(node) + node.claims.forgets(born):
         release_claims(node, table, key, op_id)
         return _UNAVAILABLE, deadline
     return None, deadline

@@ -196,7 +196,8 @@ class Node:
         raises a pair that peers may know a higher value of: a record replicated but lost from
         our own log tail in a crash cannot collide with what we apply after the restart.
         """
-        self.origin = f"{self.id}@{self._incarnation()}"
+        incarnation = self._incarnation()
+        self.origin = f"{self.id}@{incarnation}"
         self.state.set_origin(self.origin)
         await self.log.start()
         blob = self.log.load_snapshot()
@@ -220,6 +221,9 @@ class Node:
         self.metrics.replayed = count
         if count or blob is not None:  # a restart: others may have led our keys meanwhile
             self._degraded_until = self.monotonic() + self.config.window
+        if incarnation > 1:  # the claims given before the crash are gone (checks.Claims)
+            life = max([self.config.window, *(d.window for d in self.state.dedups.values())])
+            self.claims.forget(life, self.clock() + self.config.max_clock_skew)
         return count
 
     async def prepare(self) -> None:

@@ -71,11 +71,11 @@ class Replica:
         return done
 
     def _replicate_now(self, items: list[ItemFields]) -> asyncio.Future[Any]:
-        flags = self._fenced(items) if self.claims else None
+        claims = self.claims
+        flags = self._fenced(items) if claims or claims.amnesiac() else None
         if flags is not None:
             items = [item for item, ok in zip(items, flags, strict=True) if ok]
         self.state.seen_or_add_items(items)  # learn the ids: dedup state stays in sync
-        claims = self.claims
         if claims:  # the application arrived: the dedup answers for these ops now
             for item in items:
                 claims.applied(item[ITEM_OP_ID])
@@ -99,13 +99,19 @@ class Replica:
         refused, and so is every later item of the same key and origin in the frame (its pair
         carries the refused delta). None when nothing is refused."""
         fence = self.claims.fence
+        # shortly after a restart, a copy applied before it may be one fenced before the crash
+        stale = self.claims.forgot_before if self.claims.amnesiac() else 0.0
         flags: list[bool] | None = None
         cut: set[tuple[str, str, str]] = set()
-        for i, (op_id, table, key, origin, _p, _n, _delta, _ts) in enumerate(items):
+        for i, (op_id, table, key, origin, _p, _n, _delta, ts) in enumerate(items):
             k = (table, key, origin)
             if k not in cut:
                 holder = fence(op_id)
-                if holder is None or holder == origin.partition("@")[0]:
+                if holder is None:
+                    if ts >= stale:
+                        continue
+                    holder = "a check before this node's restart"
+                elif holder == origin.partition("@")[0]:
                     continue
                 cut.add(k)
                 log.info("refused %s's copy of op %s: claimed for %s", origin, op_id, holder)

@@ -19,7 +19,16 @@ from typing import TYPE_CHECKING, Protocol
 from cluster.core.ops import ITEM_OP_ID, ITEM_TS, Item, ItemFields
 from cluster.core.shards import CounterEntry
 from cluster.roles import checks
-from cluster.roles.checks import BUSY, CLAIM, HELD, IN_DOUBT, WITHDRAWN, consume, release_claims
+from cluster.roles.checks import (
+    BUSY,
+    CLAIM,
+    FORGOT,
+    HELD,
+    IN_DOUBT,
+    WITHDRAWN,
+    consume,
+    release_claims,
+)
 from cluster.transport.wire import Kind
 from cluster.wal import RecordKind, make_record, record_fields
 
@@ -95,12 +104,14 @@ async def _settle_key(node: Node, table: str, key: str, origin: str) -> None:
     items = [Item.of(item) for item in node.state.unpublished(table, key, origin)]
     if not items or any(item.op_id in node.inflight for item in items):
         return  # empty, or a quorum is still being waited for: its outcome decides
-    answered, answers = await ask_holds_many(node, table, key, [item.op_id for item in items])
+    _answered, answers = await ask_holds_many(node, table, key, [item.op_id for item in items])
     run: list[Item] = []
     for i, item in enumerate(items):
         if item.op_id not in node.pending:
             return  # settled meanwhile by another path: ask again next time
-        verdict = _verdict(node, item, answered, [(r, a[i], e) for r, a, e in answers])
+        # a replica that gave no claim (FORGOT: it restarted lately) did not answer
+        got = [(r, a[i], e) for r, a, e in answers if a[i][0] != FORGOT]
+        verdict = _verdict(node, item, len(got), got)
         if verdict == "publish":
             run.append(item)
             continue
