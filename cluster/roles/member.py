@@ -300,6 +300,9 @@ class Node:
         if kind == Kind.REPAIR:
             return self.on_repair(body)
         if kind == Kind.PING:
+            link = self.links.get(peer_id)
+            if link is not None and not link.connected:
+                link.forget_failure()  # it reached us: the way back is worth trying at once
             return [{"ready": self.ready}] * len(body)
         if kind == Kind.HOLDS:
             return checks.on_holds(self, body, peer_id)
