@@ -613,3 +613,40 @@ async def test_fsync_in_loop_commits_on_the_loop_thread(tmp_path: Path) -> None:
     assert stats.fsyncs >= 1 and stats.records_appended == 60
     assert stats.fsyncs < 20  # appends queued in one turn still share an fsync
     assert (await reopen(tmp_path))[1] == recs(60)
+
+
+async def test_lazy_records_ride_with_the_next_commit(tmp_path: Path) -> None:
+    """``append_lazily`` (a node's PUBLISHED records) forces no fsync of its own: the records
+    go with the next append's commit, in append order."""
+    async with DurableLog(tmp_path, fsync=True) as log:
+        await log.append(recs(2))
+        before = log.stats().fsyncs
+        log.append_lazily(recs(3, start=2, prefix="p"))
+        assert log.stats().records_appended == 2  # queued, not written
+        await log.append(recs(1, start=5))
+        stats = log.stats()
+    assert stats.fsyncs == before + 1 and stats.records_appended == 6
+    assert (await reopen(tmp_path))[1] == [*recs(2), *recs(3, start=2, prefix="p"),
+                                           *recs(1, start=5)]
+
+
+async def test_lazy_records_alone_are_written_within_the_delay_and_at_stop(
+        tmp_path: Path) -> None:
+    async with DurableLog(tmp_path, fsync=True) as log:
+        log.append_lazily(recs(2, prefix="p"))
+        deadline = time.monotonic() + 5.0
+        while log.stats().records_appended < 2:
+            assert time.monotonic() < deadline, "lazy records never written"
+            await asyncio.sleep(wal_writer.LAZY_DELAY / 5)
+        log.append_lazily(recs(1, start=2, prefix="p"))  # stop() writes it
+    assert (await reopen(tmp_path))[1] == recs(3, prefix="p")
+
+
+async def test_a_lazy_record_is_lost_by_abort_like_any_unacknowledged_one(
+        tmp_path: Path) -> None:
+    log = DurableLog(tmp_path, fsync=True)
+    await log.start()
+    await log.append(recs(1))
+    log.append_lazily(recs(1, start=1, prefix="p"))
+    log.abort()
+    assert (await reopen(tmp_path))[1] == recs(1)

@@ -304,16 +304,15 @@ class Leader:
             self.hints.add(target, items)
 
     def published(self, items: list[ItemFields]) -> None:
-        """PUBLISHED records for ops now on a quorum (their delta 0); appended without waiting:
-        a record lost in a crash only makes recovery ask the replicas about one more op."""
+        """PUBLISHED records for ops now on a quorum (their delta 0), appended lazily: they
+        ride with the log's next commit instead of forcing an fsync of their own, since a
+        record lost in a crash only makes recovery ask the replicas about one more op."""
         try:
-            fut = self.log.append_nowait([
+            self.log.append_lazily([
                 make_record(*record_fields(PUBLISHED, op_id, table, key, origin, p, n, 0, ts))
                 for op_id, table, key, origin, p, n, _delta, ts in items])
         except Exception as exc:  # noqa: BLE001 - a closed log: recovery asks instead
             log.debug("PUBLISHED records not written: %r", exc)
-            return
-        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     def _settle_failures(self, ops: Sequence[Op], statuses: list[int],
                          ok_by_group: dict[tuple[str, ...], bool]) -> None:

@@ -128,6 +128,11 @@ class SimLog:
         data = encode_records(records, self._pack) if records else b""
         return self._enqueue(data, len(records))
 
+    def append_lazily(self, records: Sequence[LogRecord]) -> None:
+        """As ``append_nowait`` here: the simulated disk syncs on a timer anyway."""
+        self.append_nowait(records).add_done_callback(
+            lambda f: f.cancelled() or f.exception())
+
     def append_columns_nowait(self, kind: int | Sequence[int], op_id: Sequence[str],
                               table: str | Sequence[str], key: str | Sequence[str],
                               delta: int | Sequence[int], origin: str | Sequence[str],

@@ -2,8 +2,13 @@
 
 An op is acknowledged only after its record is on disk, so ``append`` returns only after an
 fsync that covers it. Many concurrent appends share one ``write`` and one fsync (group commit):
-a single writer task drains the queue, and the fsync runs in a worker thread so the event loop
-keeps serving while the disk works. Encoding lives in ``cluster.wal.records``, segment names
+one writer thread per log takes everything queued since its last commit, writes and fsyncs it,
+and hands the outcome back to the event loop with one ``call_soon_threadsafe``, so the loop
+keeps serving while the disk works. (It replaced a writer task that crossed to a worker thread
+with ``run_in_executor`` for every commit: an executor future, a wrapped asyncio future and a
+task wakeup per fsync, the largest part of one op's CPU in ``bench/bench_hotpath.py``.) With
+``fsync=False`` or ``fsync_in_loop`` there is no thread: what one loop turn queued is written at
+the end of that turn. Encoding lives in ``cluster.wal.records``, segment names
 and reading in ``cluster.wal.segments``, snapshot files and the recovery ``start`` runs in
 ``cluster.wal.files``.
 """
@@ -11,15 +16,17 @@ and reading in ``cluster.wal.segments``, snapshot files and the recovery ``start
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import msgpack
 
@@ -52,6 +59,8 @@ class _Rotation:
 
 
 _Entry = tuple[bytes, int, "asyncio.Future[None]"]  # encoded frames, record count, ack
+LAZY_DELAY = 0.05  # seconds an ``append_lazily`` record waits at most for another commit
+_STOP = _Rotation.__new__(_Rotation)  # queue marker: the writer thread ends after what is before
 
 
 class DurableLog:
@@ -91,8 +100,16 @@ class DurableLog:
         self._max_batch = max_batch_records
         self._segment_bytes = segment_bytes
         self._pack = msgpack.Packer().pack
-        self._queue: deque[_Entry | _Rotation] = deque()
-        self._inflight: list[_Entry] = []
+        # Loop side: everything queued and not yet answered, in queue order (the writer
+        # answers in that order). Writer side: the same items, handed over through ``_q``
+        # (the thread) or ``_turn`` (written at the end of the loop turn, no thread).
+        self._unacked: deque[_Entry | _Rotation] = deque()
+        self._q: queue.SimpleQueue[_Entry | _Rotation] = queue.SimpleQueue()
+        self._turn: list[_Entry | _Rotation] = []
+        self._threaded = fsync and not fsync_in_loop
+        # ``append_lazily``: records that wait for the next commit (or LAZY_DELAY)
+        self._lazy: list[_Entry] = []
+        self._lazy_timer: asyncio.TimerHandle | None = None
         self._running = False
         self._closing = False
         self._failure: LogWriteError | None = None
@@ -104,9 +121,9 @@ class DurableLog:
         # Held around every use of the fd, so abort() never closes it under a running fsync
         # (and a reused fd number can never receive our bytes).
         self._io_lock = threading.Lock()
-        self._executor: ThreadPoolExecutor | None = None
-        self._writer: asyncio.Task[None] | None = None
-        self._wakeup: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+        self._done: asyncio.Future[None] | None = None  # the writer has stopped
+        self._aborted = False
         self._snapshot_lock: asyncio.Lock | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stats = _MutableStats()
@@ -116,36 +133,33 @@ class DurableLog:
     async def start(self) -> None:
         if self._running or self._recovered is not None:
             raise RuntimeError("DurableLog.start() called twice")
-        self._loop = asyncio.get_running_loop()
-        # One thread: writes must reach the file in queue order, and a slow snapshot on the
-        # default executor must never hold up an fsync that acknowledgements wait on.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wal")
-        try:
-            rec = await self._loop.run_in_executor(self._executor, _recover, self._dir, self._fsync)
-            self._seq, self._size = rec.segments[-1] if rec.segments else (rec.next_seq, 0)
-            self._fd = await self._loop.run_in_executor(
-                self._executor, self._open_segment, self._seq, not rec.segments
-            )
-        except BaseException:
-            self._executor.shutdown(wait=False)
-            raise
+        self._loop = loop = asyncio.get_running_loop()
+        rec = await loop.run_in_executor(None, _recover, self._dir, self._fsync)
+        self._seq, self._size = rec.segments[-1] if rec.segments else (rec.next_seq, 0)
+        self._fd = await loop.run_in_executor(
+            None, self._open_segment, self._seq, not rec.segments
+        )
         self._recovered = rec
         self._snapshot = rec.snapshot
-        self._wakeup = asyncio.Event()
         self._snapshot_lock = asyncio.Lock()
+        self._done = loop.create_future()
         self._running = True
-        self._writer = asyncio.create_task(self._write_loop(), name=f"wal-writer:{self._dir}")
+        if self._threaded:
+            self._thread = threading.Thread(
+                target=self._thread_main, name=f"wal-writer:{self._dir.name}", daemon=True
+            )
+            self._thread.start()
 
     async def stop(self) -> None:
         """Write and fsync everything appended so far, finish a running snapshot, close."""
         if not self._running:
             return
-        assert self._writer is not None and self._wakeup is not None
-        assert self._snapshot_lock is not None
-        self._closing = True
-        self._wakeup.set()
+        assert self._done is not None and self._snapshot_lock is not None
+        if not self._closing:
+            self._closing = True
+            self._enqueue(_STOP)
         try:
-            await asyncio.shield(self._writer)
+            await asyncio.shield(self._done)
             async with self._snapshot_lock:
                 pass
         except asyncio.CancelledError:
@@ -156,20 +170,28 @@ class DurableLog:
     def abort(self) -> None:
         """Close now without writing what is queued, as a crash would; pending appends fail.
 
-        Blocks at most for an fsync already running in the worker thread: closing the fd under
+        Blocks at most for an fsync already running in the writer thread: closing the fd under
         it could hand its number to another file before the thread is done with it.
         """
         if not self._running:
             return
-        if self._writer is not None:
-            self._writer.cancel()
+        self._aborted = True
         closed = LogClosedError("log aborted before the records were durable")
-        for item in [*self._inflight, *self._queue]:
+        for item in self._unacked:
             fut = item.future if isinstance(item, _Rotation) else item[2]
             if not fut.done():
                 fut.set_exception(closed)
                 fut.exception()  # the caller hears it when it awaits; no "never retrieved"
-        self._queue.clear()
+        for entry in self._lazy:
+            entry[2].cancel()
+        self._lazy.clear()
+        if self._lazy_timer is not None:
+            self._lazy_timer.cancel()
+            self._lazy_timer = None
+        self._unacked.clear()
+        self._turn.clear()
+        if self._thread is not None:
+            self._q.put(_STOP)
         self._close()
 
     def _close(self) -> None:
@@ -178,8 +200,8 @@ class DurableLog:
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._done is not None and not self._done.done():
+            self._done.set_result(None)
 
     async def __aenter__(self) -> DurableLog:
         await self.start()
@@ -241,14 +263,39 @@ class DurableLog:
             raise self._failure
         if not self._running or self._closing:
             raise LogClosedError("append to a log that is not running")
-        assert self._loop is not None and self._wakeup is not None
+        assert self._loop is not None
         fut: asyncio.Future[None] = self._loop.create_future()
         if not records:
             fut.set_result(None)
             return fut
-        self._queue.append((encode_records(records, self._pack), len(records), fut))
-        self._wakeup.set()
+        self._enqueue((encode_records(records, self._pack), len(records), fut))
         return fut
+
+    def append_lazily(self, records: Sequence[LogRecord]) -> None:
+        """Queue records that nobody waits for (a node's PUBLISHED records): they ride with the
+        next commit instead of forcing one, and are written within ``LAZY_DELAY`` seconds
+        when no other append comes. A crash may lose them, as any unacknowledged append.
+        Raises as ``append_nowait`` does (a closed or failed log, a bad record)."""
+        if self._failure is not None:
+            raise self._failure
+        if not self._running or self._closing:
+            raise LogClosedError("append to a log that is not running")
+        if not records:
+            return
+        assert self._loop is not None
+        fut: asyncio.Future[None] = self._loop.create_future()
+        fut.add_done_callback(_consume)
+        self._lazy.append((encode_records(records, self._pack), len(records), fut))
+        if self._lazy_timer is None:
+            self._lazy_timer = self._loop.call_later(LAZY_DELAY, self._flush_lazy)
+
+    def _flush_lazy(self) -> None:
+        if self._lazy_timer is not None:
+            self._lazy_timer.cancel()
+            self._lazy_timer = None
+        lazy, self._lazy = self._lazy, []
+        for entry in lazy:
+            self._enqueue_now(entry)
 
     async def append(self, records: Sequence[LogRecord]) -> None:
         """Return once the records are durable on disk (group-committed with other appends)."""
@@ -278,14 +325,13 @@ class DurableLog:
             raise self._failure
         if not self._running or self._closing:
             raise LogClosedError("append to a log that is not running")
-        assert self._loop is not None and self._wakeup is not None
+        assert self._loop is not None
         fut: asyncio.Future[None] = self._loop.create_future()
         data = encode_columns((kind, op_id, table, key, delta, origin, p, n, ts), self._pack)
         if not data:
             fut.set_result(None)
             return fut
-        self._queue.append((data, len(op_id), fut))
-        self._wakeup.set()
+        self._enqueue((data, len(op_id), fut))
         return fut
 
     async def append_columns(
@@ -313,7 +359,6 @@ class DurableLog:
         if not self._running or self._closing:
             raise LogClosedError("snapshot of a log that is not running")
         assert self._loop is not None and self._snapshot_lock is not None
-        assert self._wakeup is not None
         async with self._snapshot_lock:
             if self._failure is not None:
                 raise self._failure
@@ -321,8 +366,7 @@ class DurableLog:
                 raise LogClosedError("snapshot of a log that is not running")
             blob = make_blob()  # no await from here to the marker: the cut is exact
             rotation = _Rotation(self._loop.create_future())
-            self._queue.append(rotation)
-            self._wakeup.set()
+            self._enqueue(rotation)
             seq = await rotation.future
             try:
                 # Default executor: a large blob must not delay the log writer's fsyncs.
@@ -347,61 +391,118 @@ class DurableLog:
         if self._fsync:
             _fsync_dir(self._dir)
 
-    async def _write_loop(self) -> None:
-        try:
-            await self._drain_forever()
-        except Exception as exc:  # a bug here must fail the waiters, not leave them hanging
-            self._fail(exc)
+    # The writer: the thread (``_thread_main``), or the end of the loop turn (``_write_turn``),
+    # runs ``_write_items`` over what was queued, in order; the loop learns the outcome through
+    # ``_committed``, ``_rotated``, ``_fail`` and ``_stopped``, called on the loop.
 
-    async def _drain_forever(self) -> None:
-        assert self._wakeup is not None
-        queue = self._queue
-        while True:
-            if not queue:
-                if self._closing:
-                    return
-                self._wakeup.clear()
-                await self._wakeup.wait()
-                continue
-            head = queue[0]
-            if isinstance(head, _Rotation):
-                queue.popleft()
-                if not await self._rotate(head.future):
-                    return
-                continue
-            queue.popleft()
-            batch, count = [head], head[1]
-            while queue and not isinstance(nxt := queue[0], _Rotation):
-                if count + nxt[1] > self._max_batch:
-                    break
-                queue.popleft()
-                batch.append(nxt)
-                count += nxt[1]
-            if not await self._commit(batch, count):
-                return
-            if self._size >= self._segment_bytes and not await self._rotate(None):
-                return
+    def _enqueue(self, item: _Entry | _Rotation) -> None:
+        if self._lazy:  # they were appended first, and ride with this commit
+            self._flush_lazy()
+        self._enqueue_now(item)
 
-    async def _commit(self, batch: list[_Entry], count: int) -> bool:
-        data = b"".join([entry[0] for entry in batch])
-        self._inflight = batch
+    def _enqueue_now(self, item: _Entry | _Rotation) -> None:
+        if item is not _STOP:  # the stop marker is answered by ``_stopped``
+            self._unacked.append(item)
+        if self._threaded:
+            self._q.put(item)  # wakes the thread if it waits; else it takes it after its fsync
+            return
+        if not self._turn:
+            assert self._loop is not None
+            self._loop.call_soon(self._write_turn)
+        self._turn.append(item)
+
+    def _write_turn(self) -> None:
+        items, self._turn = self._turn, []
+        if self._running and not self._aborted:
+            self._write_items(items, _call)
+
+    def _thread_main(self) -> None:
+        assert self._loop is not None
+        loop, q = self._loop, self._q
+
+        def post(fn: Callable[..., None], *args: Any) -> None:
+            # a closed loop raises RuntimeError: nobody is waiting any more
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(fn, *args)
+
         try:
-            if self._fsync and not self._fsync_in_loop:
-                assert self._loop is not None
-                seconds = await self._loop.run_in_executor(self._executor, self._write_io, data)
-            else:
-                seconds = self._write_io(data)  # page cache only or fsync_in_loop: no thread
-        except Exception as exc:
-            self._fail(exc)
-            return False
+            while True:
+                items = [q.get()]
+                while True:
+                    try:
+                        items.append(q.get_nowait())
+                    except queue.Empty:
+                        break
+                if self._aborted or not self._write_items(items, post):
+                    return
         finally:
-            self._inflight = []
-        self._size += len(data)
-        self._stats.add_batch(count, len(data), seconds if self._fsync else None)
-        for entry in batch:
-            if not entry[2].done():  # a cancelled append still got written; nothing to tell
-                entry[2].set_result(None)
+            post(self._stopped)
+
+    def _write_items(self, items: Iterable[_Entry | _Rotation],
+                     post: Callable[..., None]) -> bool:
+        """Write ``items`` in order (entries in batches of at most ``max_batch_records``,
+        each one write and one fsync); False once the writer must end (stopped or failed)."""
+        chunk: list[bytes] = []
+        count = 0
+        try:
+            for item in items:
+                if isinstance(item, tuple):
+                    if chunk and count + item[1] > self._max_batch:
+                        self._commit_io(chunk, count, post)
+                        chunk, count = [], 0
+                    chunk.append(item[0])
+                    count += item[1]
+                    continue
+                if chunk:
+                    self._commit_io(chunk, count, post)
+                    chunk, count = [], 0
+                if item is _STOP:
+                    if not self._threaded:
+                        post(self._stopped)
+                    return False
+                self._rotate_io()
+                post(self._rotated, self._seq)
+            if chunk:
+                self._commit_io(chunk, count, post)
+        except Exception as exc:  # noqa: BLE001 - poisons the log: every waiter hears it
+            if not self._aborted:
+                post(self._fail, exc)
+            if not self._threaded:
+                post(self._stopped)
+            return False
         return True
+
+    def _commit_io(self, chunk: list[bytes], count: int, post: Callable[..., None]) -> None:
+        data = b"".join(chunk)
+        seconds = self._write_io(data)
+        self._size += len(data)
+        post(self._committed, len(chunk), count, len(data), seconds)
+        if self._size >= self._segment_bytes:
+            self._rotate_io()
+
+    def _committed(self, entries: int, count: int, nbytes: int, seconds: float) -> None:
+        """On the loop: the next ``entries`` queued appends are durable."""
+        if self._aborted or self._failure is not None:
+            return
+        self._stats.add_batch(count, nbytes, seconds if self._fsync else None)
+        unacked = self._unacked
+        for _ in range(entries):
+            fut = unacked.popleft()[2]  # type: ignore[index]
+            if not fut.done():  # a cancelled append still got written; nothing to tell
+                fut.set_result(None)
+
+    def _rotated(self, seq: int) -> None:
+        """On the loop: the next queued item, a snapshot's rotation, is done."""
+        if self._aborted or self._failure is not None:
+            return
+        rotation = self._unacked.popleft()
+        assert isinstance(rotation, _Rotation)
+        if not rotation.future.done():
+            rotation.future.set_result(seq)
+
+    def _stopped(self) -> None:
+        if self._done is not None and not self._done.done():
+            self._done.set_result(None)
 
     def _write_io(self, data: bytes) -> float:
         with self._io_lock:
@@ -415,19 +516,6 @@ class DurableLog:
             t0 = time.perf_counter()
             _datasync(self._fd)
             return time.perf_counter() - t0
-
-    async def _rotate(self, done: asyncio.Future[int] | None) -> bool:
-        assert self._loop is not None
-        try:
-            await self._loop.run_in_executor(self._executor, self._rotate_io)
-        except Exception as exc:
-            if done is not None and not done.done():
-                done.set_exception(LogWriteError(f"rotating segment: {exc}"))
-            self._fail(exc)
-            return False
-        if done is not None and not done.done():
-            done.set_result(self._seq)
-        return True
 
     def _rotate_io(self) -> None:
         # The previous batch was fsynced before we got here, so the old segment is complete.
@@ -447,7 +535,9 @@ class DurableLog:
         return fd
 
     def _fail(self, exc: BaseException) -> None:
-        """Poison the log: fail every waiting append, refuse new ones."""
+        """Poison the log: fail every waiting append, refuse new ones (on the loop)."""
+        if self._failure is not None:
+            return
         if isinstance(exc, LogError):
             failure = LogWriteError(str(exc))
         else:
@@ -455,9 +545,19 @@ class DurableLog:
         failure.__cause__ = exc
         self._failure = failure
         log.error("durable log failed, refusing further appends: %s", exc)
-        for item in [*self._inflight, *self._queue]:
+        for item in self._unacked:
             fut = item.future if isinstance(item, _Rotation) else item[2]
             if not fut.done():
                 fut.set_exception(failure)
-        self._queue.clear()
+        self._unacked.clear()
 
+
+def _call(fn: Callable[..., None], *args: Any) -> None:
+    """``post`` for the writer that runs on the loop: call at once."""
+    fn(*args)
+
+
+def _consume(fut: asyncio.Future[None]) -> None:
+    """A lazy append's outcome: nobody waits for it (no "exception never retrieved")."""
+    if not fut.cancelled():
+        fut.exception()
