@@ -5,7 +5,8 @@
 
 Measures, in one run against one cluster:
   1. /v1/batch throughput (``--batch`` ops a request): ops/s, request p50/p99;
-  2. one op per HTTP request: ops/s, p50/p99;
+  2. one op per HTTP request: ops/s, p50/p99 (and ``single_routed``: each op sent to its key's
+     leader, no forwarding hop, as the SDK does once it knows the ring);
   3. write latency with the FBF vs dedup off: the same cluster serves table ``fbf_t`` with the
      FBF and ``none_t`` with no dedup (``--dedup fbf,none_t=none``); requests alternate;
   4. node memory: RSS of a live node after loading ``--live-counters`` distinct counters, and
@@ -155,6 +156,27 @@ async def single_phase(load: Load, args: argparse.Namespace, tables: list[str],
     return {t: summary(t, lat, label=t) for t in tables}
 
 
+async def routed_single_phase(load: Load, args: argparse.Namespace) -> dict[str, Any]:
+    """One op per request, each sent to its key's leader (as the SDK does once it knows the
+    ring): no FORWARD hop between coordinator and leader."""
+    ring = Ring(load.ids, rf=3)
+    conns: dict[int, str] = {}
+
+    async def make(conn: HttpConn) -> tuple[str, int, bool]:
+        leader = conns.setdefault(id(conn), load.ids[len(conns) % len(load.ids)])
+        op = load.op("fbf_t")
+        while ring.leader("fbf_t", op["key"]) != leader:
+            op = load.op("fbf_t")
+        body = msgpack.packb({"op_id": op["op_id"], "delta": 1})
+        status, _ = await conn.request("POST", f"/v1/counters/fbf_t/{op['key']}", body)
+        return "fbf_t", 1, status == 200
+
+    lat = await load.run(args.concurrency, args.seconds, make)
+    sec = summary("fbf_t", lat)
+    sec["ops_per_s"] = round(sec["requests"] / args.seconds)
+    return sec
+
+
 def summary(name: str, lat: dict[str, list[float]], label: str | None = None) -> dict[str, Any]:
     values = lat.get(label or name, [])
     elapsed = lat["_elapsed"][0]
@@ -256,6 +278,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             sec["ops_per_s"] = round(sec["requests"] / args.seconds)
             results["single"] = sec
             print("single:", sec, flush=True)
+        if "single_routed" in phases:
+            results["single_routed"] = await routed_single_phase(load, args)
+            print("single, leader-routed:", results["single_routed"], flush=True)
         if "compare" in phases:
             cmp = await single_phase(load, args, ["fbf_t", "none_t"], args.compare_concurrency)
             ratio = {k: round(cmp["fbf_t"][k] / cmp["none_t"][k], 3)
@@ -293,8 +318,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="peers sign every frame (HMAC-SHA256); --no-secret to compare")
     ap.add_argument("--live-counters", type=int, default=1_000_000,
                     help="distinct counters to load into the live cluster (0: skip)")
-    ap.add_argument("--phases", default="batch,routed,single,compare,live,memory",
-                    help="comma-separated subset of batch,routed,single,compare,live,memory")
+    ap.add_argument("--phases", default="batch,routed,single,single_routed,compare,live,memory",
+                    help="comma-separated subset of batch,routed,single,single_routed,compare,"
+                         "live,memory")
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--node-args", nargs=argparse.REMAINDER, default=[],
                     help="extra flags for every node, e.g. --node-args --max-inflight-frames 2")

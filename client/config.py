@@ -24,7 +24,10 @@ Every field, its default and its constraint (durations are float seconds):
                             op id): fewer ids, coarser outcomes
     discover = True         learn more node addresses from /v1/health (when a node advertises
                             them); turn off when the seeds are proxies that must not be bypassed
-    health_interval = 5.0   re-read /v1/health (window, members) this often; > 0
+    health_interval = 5.0   re-read /v1/health (window, members, ring) this often; > 0
+    route_to_leader = True  send each op to its key's leader (computed from the ring the nodes
+                            publish in /v1/health), batched per leader: no forwarding hop;
+                            a leader that failed lately is tried last like any node
     failure_backoff_interval = 0.5  a node that failed is tried last for this long; >= 0
     max_connections = 64    HTTP connections per client; >= 1
     use_msgpack = True      msgpack bodies (JSON otherwise)
@@ -76,6 +79,7 @@ class ClientConfig:
     coalesce: bool = False
     discover: bool = True
     health_interval: float = 5.0
+    route_to_leader: bool = True
     failure_backoff_interval: float = 0.5
     max_connections: int = 64
     use_msgpack: bool = True

@@ -2,7 +2,9 @@
 
 Coordinators rotate (any node coordinates, so load spreads), and a node that just failed moves
 to the back of the order for ``failure_backoff_interval`` seconds. The cluster's window comes
-from ``/v1/health`` answers (the smallest advertised), so retry deadlines stay inside it.
+from ``/v1/health`` answers (the smallest advertised), so retry deadlines stay inside it. So
+does the ring (members, RF, vnodes): with it, ``leader_url`` names the node that leads a key,
+computed with the nodes' own code (``idc_contract.ring``), so an op can skip the forwarding hop.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from client.config import normalize_url
+from idc_contract.ring import Ring
+
+RING_HASH = "murmur3_x64_128"  # the placement ``idc_contract.ring`` computes
 
 
 class NodePool:
@@ -24,6 +29,9 @@ class NodePool:
         self.node_ids: dict[str, str] = {}
         self.windows: dict[str, float] = {}
         self.members: tuple[str, ...] = ()
+        self.ring: Ring | None = None
+        self._ring_spec: tuple[tuple[str, ...], int, int] | None = None
+        self._url_of: dict[str, str] = {}  # node id -> the first URL that answered as it
         self._next = 0
 
     def add(self, url: str) -> bool:
@@ -33,14 +41,26 @@ class NodePool:
         self.urls.append(url)
         return True
 
-    def order(self) -> list[str]:
-        """Every node once: rotated for load spreading, recently failed ones last."""
+    def order(self, prefer: str | None = None) -> list[str]:
+        """Every node once: ``prefer`` (a key's leader) first, the others rotated for load
+        spreading; recently failed ones last."""
         n = len(self.urls)
         start = self._next % n
         self._next += 1
         rotated = self.urls[start:] + self.urls[:start]
+        if prefer is not None and prefer in rotated:
+            rotated.remove(prefer)
+            rotated.insert(0, prefer)
         cutoff = self.clock() - self.failure_backoff_interval
         return sorted(rotated, key=lambda u: self.failed_at.get(u, -1.0) > cutoff)
+
+    def leader_url(self, table: str, key: str) -> str | None:
+        """The URL of the node that leads ``table``/``key`` (its first replica), once the ring
+        and that node's id are known; None before (or when it is not one of ours)."""
+        ring = self.ring
+        if ring is None:
+            return None
+        return self._url_of.get(ring.preference_list(table, key)[0])
 
     def record(self, url: str, ok: bool) -> None:
         if ok:
@@ -50,14 +70,17 @@ class NodePool:
 
     def learn(self, url: str, health: Mapping[str, Any], *, discover: bool) -> list[str]:
         """Take in one /v1/health answer; returns node URLs newly discovered."""
-        if isinstance(health.get("node"), str):
-            self.node_ids[url] = health["node"]
+        node_id = health.get("node")
+        if isinstance(node_id, str):
+            self.node_ids[url] = node_id
+            self._url_of.setdefault(node_id, url)
         window = health.get("window_s")
         if isinstance(window, int | float) and window > 0:
             self.windows[url] = float(window)
         members = health.get("members")
         if isinstance(members, list):
             self.members = tuple(str(m) for m in members)
+            self._learn_ring(health)
         new: list[str] = []
         if discover:
             # Nodes may advertise client addresses as {"addresses": {id: "host:port"}}; the
@@ -68,6 +91,19 @@ class NodePool:
                     if isinstance(addr, str) and self.add(addr):
                         new.append(normalize_url(addr))
         return new
+
+    def _learn_ring(self, health: Mapping[str, Any]) -> None:
+        ring, rf = health.get("ring"), health.get("rf")
+        if not (self.members and isinstance(ring, Mapping) and ring.get("hash") == RING_HASH
+                and isinstance(ring.get("vnodes"), int) and isinstance(rf, int)):
+            return  # a node that does not say how it places keys: no routing
+        spec = (tuple(sorted(self.members)), ring["vnodes"], rf)
+        if spec != self._ring_spec:
+            try:
+                self.ring = Ring(spec[0], vnodes=spec[1], rf=spec[2])
+            except ValueError:
+                return
+            self._ring_spec = spec
 
     def window(self, assumed: float) -> float:
         return min(self.windows.values()) if self.windows else assumed

@@ -107,7 +107,7 @@ def backoff(retry: int, base: float, cap: float, rng: random.Random) -> float:
 class RetryLoop:
     """Runs ops against an ordered set of nodes; shared by single ops and batches."""
 
-    def __init__(self, transport: HttpTransport, order: Callable[[], list[str]],
+    def __init__(self, transport: HttpTransport, order: Callable[[str | None], list[str]],
                  on_node_result: Callable[[str, bool], None], *, attempt_timeout: float,
                  backoff_interval: float, max_backoff_interval: float, stats: ClientStats,
                  rng: random.Random | None = None, send_age: bool = True) -> None:
@@ -124,18 +124,21 @@ class RetryLoop:
     def backoff_delay(self, retry: int) -> float:
         return backoff(retry, self.backoff_interval, self.max_backoff_interval, self.rng)
 
-    async def run(self, ops: Sequence[PendingOp], *, batch_endpoint: bool | None = None) -> None:
-        """Resolve every op's waiters; never raises (a cancellation ends ops as unknown)."""
+    async def run(self, ops: Sequence[PendingOp], *, batch_endpoint: bool | None = None,
+                  prefer: str | None = None) -> None:
+        """Resolve every op's waiters; never raises (a cancellation ends ops as unknown).
+        ``prefer``: the node to try first (the ops' leader), then the usual order."""
         pending = list(ops)
         try:
-            await self._loop(pending, batch_endpoint)
+            await self._loop(pending, batch_endpoint, prefer)
         except asyncio.CancelledError:
             for op in pending:
                 op.give_up(self.stats, closing=True)
             raise
 
-    async def _loop(self, pending: list[PendingOp], batch_endpoint: bool | None) -> None:
-        nodes = self.order()
+    async def _loop(self, pending: list[PendingOp], batch_endpoint: bool | None,
+                    prefer: str | None = None) -> None:
+        nodes = self.order(prefer)
         turn = 0
         while pending:
             if turn:

@@ -54,7 +54,7 @@ class CounterClient:
                                max_backoff_interval=config.max_backoff_interval,
                                stats=self.stats, rng=rng, send_age=config.send_age)
         interval = config.batch_interval
-        self.batcher = Batcher(self._new_op, self.retry.run, interval=interval,
+        self.batcher = Batcher(self._new_op, self._run_routed, interval=interval,
                                max_ops=config.max_batch_ops if interval > 0 else 1,
                                coalesce=config.coalesce and interval > 0,
                                on_coalesce=self._count_coalesced)
@@ -165,6 +165,25 @@ class CounterClient:
         self.stats.sent_ops += 1
         return PendingOp(table, key, delta, self.opids.next(), now, now + self.op_budget)
 
+    def _by_leader(self, ops: Sequence[PendingOp]) -> dict[str | None, list[PendingOp]]:
+        """The ops grouped by their key's leader URL (None: not known, any node will do)."""
+        if not self.config.route_to_leader:
+            return {None: list(ops)}
+        leader_url = self.pool.leader_url
+        groups: dict[str | None, list[PendingOp]] = {}
+        for op in ops:
+            groups.setdefault(leader_url(op.table, op.key), []).append(op)
+        return groups
+
+    async def _run_routed(self, ops: list[PendingOp]) -> None:
+        """Send auto-batched ops: one request per leader, each to that leader first."""
+        groups = self._by_leader(ops)
+        if len(groups) == 1:
+            (url, group), = groups.items()
+            await self.retry.run(group, prefer=url)
+        else:
+            await asyncio.gather(*(self.retry.run(g, prefer=u) for u, g in groups.items()))
+
     def _count_coalesced(self) -> None:
         self.stats.coalesced += 1
 
@@ -183,8 +202,8 @@ class CounterClient:
 
     async def batch(self, ops: Sequence[BatchOp], *,
                     return_exceptions: bool = False) -> list[AddResult | ClientError]:
-        """Send these adds as one /v1/batch (with retries); results in order. Raises the first
-        error unless ``return_exceptions``."""
+        """Send these adds as one /v1/batch (with retries), to the node that leads most of
+        them; results in order. Raises the first error unless ``return_exceptions``."""
         self._check_running()
         for table, key, delta in ops:
             _check_add(table, key, delta)
@@ -197,7 +216,9 @@ class CounterClient:
             futs.append(fut)
         self.stats.ops += len(pending)
         if pending:
-            await self.retry.run(pending, batch_endpoint=True)
+            groups = self._by_leader(pending)
+            prefer = max(groups, key=lambda u: len(groups[u]))
+            await self.retry.run(pending, batch_endpoint=True, prefer=prefer)
         results = await asyncio.gather(*futs, return_exceptions=True)
         out: list[AddResult | ClientError] = []
         for r in results:

@@ -165,6 +165,42 @@ async def test_batching_sends_fewer_requests(cluster: LocalCluster) -> None:
     assert batched <= 20 and single >= 300
 
 
+async def _forwarded(cluster: LocalCluster) -> int:
+    """Ops the nodes forwarded to another node (the leader), summed from their /metrics."""
+    import aiohttp
+
+    total = 0
+    async with aiohttp.ClientSession() as s:
+        for url in cluster.urls:
+            async with s.get(f"{url}/metrics") as r:
+                for line in (await r.text()).splitlines():
+                    if line.startswith("idc_forwarded_total "):
+                        total += int(float(line.split()[1]))
+    return total
+
+
+async def test_ops_go_straight_to_their_leader(cluster: LocalCluster) -> None:
+    """The SDK computes each key's leader from the ring /v1/health publishes and sends the op
+    there: no node forwards it. With ``route_to_leader=False`` the coordinators rotate, and
+    about two ops in three are forwarded."""
+    keys = [f"k{i}" for i in range(30)]
+    async with CounterClient(cluster.urls, batch_interval=0) as c:
+        assert c.pool.ring is not None and len(c.pool.ring.members) == 3
+        before = await _forwarded(cluster)
+        await asyncio.gather(*(c.incr("routed", k) for k in keys))
+        assert await _forwarded(cluster) == before
+        assert c.stats.http_requests >= len(keys)
+    async with CounterClient(cluster.urls, batch_interval=0.005) as c:  # batched per leader
+        before = await _forwarded(cluster)
+        await asyncio.gather(*(c.incr("routed", k) for k in keys))
+        assert await _forwarded(cluster) == before
+    async with CounterClient(cluster.urls, batch_interval=0, route_to_leader=False) as c:
+        before = await _forwarded(cluster)
+        await asyncio.gather(*(c.incr("routed", k) for k in keys))
+        assert await _forwarded(cluster) > before
+        assert [await c.get("routed", k) for k in keys] == [3] * len(keys)
+
+
 async def test_coalescing_merges_adds_to_one_key(cluster: LocalCluster) -> None:
     async with CounterClient(cluster.urls, batch_interval=0.01, coalesce=True) as c:
         results = await asyncio.gather(*(c.add("coalesce", f"k{i % 2}", 1 + i % 3)

@@ -83,3 +83,26 @@ def test_every_error_says_whether_a_retry_helps() -> None:
     for cls in (e.TransientError, e.UnavailableError, e.NotAppliedError):
         assert cls.retriable is True
     assert e.ConnectFailedError.applied is False and e.RejectedError.applied is False
+
+
+def test_the_pool_learns_the_ring_and_names_each_keys_leader() -> None:
+    from idc_contract.ring import Ring
+
+    pool = NodePool(["a:1", "b:1", "c:1"])
+    assert pool.leader_url("t", "k") is None  # nothing known yet
+    ring = {"vnodes": 16, "hash": "murmur3_x64_128", "key": "<table>/<key>"}
+    for url, nid in (("a:1", "n1"), ("b:1", "n2"), ("c:1", "n3")):
+        pool.learn(f"http://{url}", {"node": nid, "members": ["n1", "n2", "n3"], "rf": 3,
+                                     "ring": ring}, discover=False)
+    same = Ring(["n1", "n2", "n3"], vnodes=16, rf=3)
+    urls = {"n1": "http://a:1", "n2": "http://b:1", "n3": "http://c:1"}
+    for i in range(50):
+        assert pool.leader_url("t", f"k{i}") == urls[same.leader("t", f"k{i}") or ""]
+    leader = pool.leader_url("t", "k0")
+    assert leader is not None and pool.order(leader)[0] == leader
+    pool.record(leader, False)  # a leader that just failed is tried last
+    assert pool.order(leader)[-1] == leader
+    other = NodePool(["a:1"])
+    other.learn("http://a:1", {"node": "n1", "members": ["n1"], "rf": 1,
+                               "ring": {**ring, "hash": "something-else"}}, discover=False)
+    assert other.ring is None and other.leader_url("t", "k") is None  # unknown placement
