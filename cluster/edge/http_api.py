@@ -124,8 +124,11 @@ def reply(request: web.Request, payload: Any, status: int = 200) -> web.Response
 async def _read_body(request: web.Request) -> Any:
     cfg = request.app[NODE_KEY].config
     try:
-        async with asyncio.timeout(cfg.body_timeout):
+        if request.content.is_eof():  # the body came whole with the headers: no timer needed
             raw = await request.read()
+        else:
+            async with asyncio.timeout(cfg.body_timeout):
+                raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise BodyTooLarge(f"body larger than {request.app._client_max_size} bytes") from exc
     except TimeoutError as exc:
