@@ -2,7 +2,8 @@
 
     python -m bench.bench_scale [--counters 200000] [--idle-seconds 10] [--settle-seconds 8]
                                 [--rate 2000] [--steady-seconds 10] [--partition-seconds 10]
-                                [--phases idle,steady,partition] [--node-args --max-hints 0]
+                                [--phases idle,steady,partition,restart]
+                                [--node-args --max-hints 0]
 
 Loads ``--counters`` distinct counters through /v1/batch into a real 3-process cluster, waits
 ``--settle-seconds`` (at least one anti-entropy round after the load), then:
@@ -18,7 +19,8 @@ Loads ``--counters`` distinct counters through /v1/batch into a real 3-process c
      then restored; reports the writes n3 missed, the seconds until
      every replica's digest checksum (``idc_digest_checksum``) is equal again, and the
      anti-entropy bytes and keys exchanged meanwhile, plus the hints delivered (``--node-args
-     --max-hints 0`` leaves the whole repair to anti-entropy).
+     --max-hints 0`` leaves the whole repair to anti-entropy);
+  4. restart: kill -9 of n1 and a restart: seconds until READY, records replayed, RSS after.
 The nodes snapshot only on log growth here (``--snapshot-interval`` 3600), so a snapshot of the
 loaded state does not land inside the idle window; fsync is off (it does not matter idle, and
 the load goes faster).
@@ -256,7 +258,27 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         if "partition" in phases:
             out["partition"] = await partition_phase(cluster, proxies, args)
             print("partition and repair:", out["partition"], flush=True)
+        if "restart" in phases:
+            out["restart"] = await restart_phase(cluster, args.restart_timeout)
+            print("restart after kill -9:", out["restart"], flush=True)
     return out
+
+
+async def restart_phase(cluster: LocalCluster, timeout: float) -> dict[str, Any]:
+    """kill -9 of n1, holding every loaded counter and its log, then a restart: the seconds
+    until it prints READY (recovered: snapshot loaded, log replayed, in-doubt ops settled, the
+    replicas' dedup pulled), the records replayed and its RSS after."""
+    node = cluster.nodes["n1"]
+    await node.kill()
+    t0 = time.perf_counter()
+    await node.start(timeout=timeout)
+    ready = time.perf_counter() - t0
+    text = await metrics_text(node.host, node.port)
+    replayed = next((int(float(line.split()[1])) for line in text.splitlines()
+                     if line.startswith("idc_replayed_records ")), None)
+    assert node.proc is not None
+    return {"seconds_to_ready": round(ready, 2), "records_replayed": replayed,
+            "rss_mib": round(rss_kib(node.proc.pid) / 1024, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -270,8 +292,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steady-seconds", type=float, default=10.0)
     ap.add_argument("--partition-seconds", type=float, default=10.0)
     ap.add_argument("--repair-timeout", type=float, default=60.0)
-    ap.add_argument("--phases", default="idle,steady,partition",
-                    help="comma-separated subset of idle,steady,partition")
+    ap.add_argument("--phases", default="idle,steady,partition,restart",
+                    help="comma-separated subset of idle,steady,partition,restart")
+    ap.add_argument("--restart-timeout", type=float, default=120.0,
+                    help="seconds the restarted node may take to print READY")
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--node-args", nargs=argparse.REMAINDER, default=[],
                     help="extra flags for every node")
