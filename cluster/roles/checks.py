@@ -218,10 +218,10 @@ def claims_needed(node: Node) -> int:
 
 
 async def ask_holds(node: Node, table: str, key: str, op_id: str, born: float | None
-                    ) -> tuple[int, list[tuple[str, int, bool, CounterEntry]]]:
-    """Ask the key's other replicas about ``op_id`` and claim it there (see ``Claims``):
-    (replicas that answered, their answers as (node, HELD/IN_DOUBT/WITHDRAWN/BUSY/FORGOT/0,
-    applied it after a check, entry of the key)); 0 is a claim. ``born``: when the op was
+                    ) -> list[tuple[str, int, bool, CounterEntry]]:
+    """Ask the key's other replicas about ``op_id`` and claim it there (see ``Claims``): the
+    answers of those that answered in time, as (node, HELD/IN_DOUBT/WITHDRAWN/BUSY/FORGOT/0,
+    applied it after a check, entry of the key); 0 is a claim. ``born``: when the op was
     first sent, if known (a replica that restarted since then cannot have promised it)."""
     others = [r for r in node.ring.preference_list(table, key) if r != node.id]
     item = [table, key, op_id, CLAIM] if born is None else [table, key, op_id, CLAIM, born]
@@ -235,7 +235,7 @@ async def ask_holds(node: Node, table: str, key: str, op_id: str, born: float | 
         elif fut.exception() is None:
             held, checked, entry = fut.result()[0]
             out.append((r, int(held), bool(checked), CounterEntry.from_wire(entry)))
-    return len(out), out
+    return out
 
 
 def release_claims(node: Node, table: str, key: str, op_id: str) -> None:
@@ -368,8 +368,8 @@ async def _check_one(node: Node, op: Op, born: float | None = None
         deadline = min(deadline, sent + left)
     if not node.claims.take(op_id, node.id, claim_life(node, table)):
         return _UNAVAILABLE, deadline  # another node is checking it: retry decides later
-    _answered, answers = await ask_holds(node, table, key, op_id, born)
-    answers = [a for a in answers if a[1] != FORGOT]  # no claim given, nothing said
+    # a replica that gave no claim (FORGOT: it restarted lately) said nothing
+    answers = [a for a in await ask_holds(node, table, key, op_id, born) if a[1] != FORGOT]
     if any(held in (IN_DOUBT, BUSY) for _, held, _, _ in answers):
         # another leader's application (or check) is still open: retry decides later
         release_claims(node, table, key, op_id)

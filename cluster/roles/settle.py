@@ -104,7 +104,7 @@ async def _settle_key(node: Node, table: str, key: str, origin: str) -> None:
     items = [Item.of(item) for item in node.state.unpublished(table, key, origin)]
     if not items or any(item.op_id in node.inflight for item in items):
         return  # empty, or a quorum is still being waited for: its outcome decides
-    _answered, answers = await ask_holds_many(node, table, key, [item.op_id for item in items])
+    answers = await ask_holds_many(node, table, key, [item.op_id for item in items])
     run: list[Item] = []
     for i, item in enumerate(items):
         if item.op_id not in node.pending:
@@ -165,9 +165,9 @@ def _past_memory(node: Node, item: Item) -> bool:
 
 
 async def ask_holds_many(node: Node, table: str, key: str, op_ids: list[str]
-                         ) -> tuple[int, list[tuple[str, list[tuple[int, bool]], CounterEntry]]]:
-    """``ask_holds`` for several ops of one key in one frame per replica (claiming each):
-    (replicas that answered, per replica its answers in op order and the key's entry)."""
+                         ) -> list[tuple[str, list[tuple[int, bool]], CounterEntry]]:
+    """``ask_holds`` for several ops of one key in one frame per replica (claiming each): per
+    replica that answered in time, its answers in op order and the key's entry."""
     others = [r for r in node.ring.preference_list(table, key) if r != node.id]
     futs = {r: node.links[r].call(Kind.HOLDS, [[table, key, op_id, CLAIM] for op_id in op_ids])
             for r in others}
@@ -183,7 +183,7 @@ async def ask_holds_many(node: Node, table: str, key: str, op_ids: list[str]
                 continue
             out.append((r, [(int(held), bool(checked)) for held, checked, _ in got],
                         CounterEntry.from_wire(got[0][2]) if got else CounterEntry()))
-    return len(out), out
+    return out
 
 
 async def _publish(node: Node, table: str, key: str, origin: str, run: list[Item]) -> bool:

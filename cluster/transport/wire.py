@@ -41,7 +41,9 @@ class Kind(IntEnum):
     READ = 3  # body: [[table, key], ...] -> [{origin: [p, n]}, ...]
     REPAIR = 4  # body: [[table, key, {origin: [p, n]}], ...] -> None once durable
     PING = 5  # body: {"ready": bool} -> {"ready": bool} (heartbeat, cluster/failure.py)
-    HOLDS = 6  # body: [[table, key, op_id], ...] -> [[held, {origin: [p, n]}], ...]
+    # HOLDS body: [[table, key, op_id, mode?, born?], ...] -> [[held, checked, {origin: [p, n]}],
+    # ...] (cluster/roles/checks.py: mode QUERY/CLAIM/RELEASE, born the op's first send)
+    HOLDS = 6
     # DIGEST body: {} -> {"digests": {table: [64 ints]}} (or {"busy": true}); or {"level": i,
     # "under": {table: [id, ...]}} -> {"sums": {table: [[child id, sum], ...]}} (the digest
     # tree, core/digests.py; below the leaves, i = len(LEVELS): [[key, hash], ...])
