@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cluster.wal as wal
+import cluster.wal.files as wal_files
 import cluster.wal.writer as wal_writer
 from cluster.core.errors import ClusterError, ConfigError
 from cluster.wal import (
@@ -319,7 +320,7 @@ async def test_fsync_error_fails_waiters_and_poisons_the_log(
 
     async with DurableLog(tmp_path, fsync=True) as log:
         await log.append([rec(0)])
-        monkeypatch.setattr(wal_writer, "_datasync", broken)
+        monkeypatch.setattr(wal_files, "_datasync", broken)  # what the active segment calls
         results = await asyncio.gather(
             *(log.append([rec(i)]) for i in range(1, 20)), return_exceptions=True
         )

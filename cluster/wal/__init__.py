@@ -7,7 +7,8 @@ One job, split by layer (protocol apart from the API, as asyncpg keeps ``protoco
     segments.py  file names, the directory listing and the public segment reader
     files.py     snapshot files and recovery at start (torn tail vs corruption)
     stats.py     the writer's counters
-    writer.py    ``DurableLog``, the group-commit writer
+    writer.py    ``DurableLog``, the group-commit writer (the loop's side, and its writer thread)
+    active.py    the active segment file: its writes, fsyncs and rotations (the thread's side)
     errors.py    the error tree
 
 Imports go one way: errors, frames <- records <- segments <- files <- writer. On-disk format,

@@ -23,7 +23,7 @@ import numpy as np
 from cluster.wal.errors import LogCorruptError
 from cluster.wal.frames import _FRAME, MAX_RECORD_BYTES, _frame_end, scan
 from cluster.wal.records import _decode
-from cluster.wal.segments import _segment_name, _snapshot_name, list_dir
+from cluster.wal.segments import _ARCHIVE, _segment_name, _snapshot_name, list_dir
 
 __all__: list[str] = []
 
@@ -83,6 +83,22 @@ def _write_snapshot_file(directory: Path, seq: int, blob: bytes, fsync: bool) ->
     if fsync:
         _fsync_dir(directory)
     return final
+
+
+def _delete_covered(directory: Path, seq: int, archive: bool, fsync: bool) -> None:
+    """After snapshot ``seq`` is durable: drop the segments and snapshots before it (segments
+    go to ``<dir>/archive/`` instead with ``archive``)."""
+    segments, snapshots = list_dir(directory)
+    into = directory / _ARCHIVE
+    for old, path in [*segments.items(), *snapshots.items()]:
+        if old < seq:
+            if archive and old in segments and path == segments[old]:
+                into.mkdir(exist_ok=True)
+                os.replace(path, into / path.name)
+            else:
+                path.unlink(missing_ok=True)
+    if fsync:
+        _fsync_dir(directory)
 
 
 def _choose_snapshot(segments: dict[int, Path], snapshots: dict[int, Path]) -> int:

@@ -18,10 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import queue
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -31,17 +29,17 @@ from typing import Any
 import msgpack
 
 from cluster.core.errors import ConfigError
+from cluster.wal.active import ActiveSegment
 from cluster.wal.errors import LogClosedError, LogError, LogWriteError
 from cluster.wal.files import (
-    _datasync,
-    _fsync_dir,
+    _delete_covered,
     _read_snapshot,
     _recover,
     _Recovered,
     _write_snapshot_file,
 )
 from cluster.wal.records import LogRecord, encode_columns, encode_records
-from cluster.wal.segments import _ARCHIVE, _segment_name, decode_segment, list_dir
+from cluster.wal.segments import _segment_name, decode_segment
 from cluster.wal.stats import LogStats, _MutableStats
 
 __all__ = ["DurableLog"]
@@ -115,12 +113,7 @@ class DurableLog:
         self._failure: LogWriteError | None = None
         self._recovered: _Recovered | None = None
         self._snapshot: tuple[int, Path] | None = None
-        self._fd = -1
-        self._seq = 0
-        self._size = 0
-        # Held around every use of the fd, so abort() never closes it under a running fsync
-        # (and a reused fd number can never receive our bytes).
-        self._io_lock = threading.Lock()
+        self._segment: ActiveSegment | None = None  # the file appended to (writer side)
         self._thread: threading.Thread | None = None
         self._done: asyncio.Future[None] | None = None  # the writer has stopped
         self._aborted = False
@@ -135,9 +128,10 @@ class DurableLog:
             raise RuntimeError("DurableLog.start() called twice")
         self._loop = loop = asyncio.get_running_loop()
         rec = await loop.run_in_executor(None, _recover, self._dir, self._fsync)
-        self._seq, self._size = rec.segments[-1] if rec.segments else (rec.next_seq, 0)
-        self._fd = await loop.run_in_executor(
-            None, self._open_segment, self._seq, not rec.segments
+        seq, size = rec.segments[-1] if rec.segments else (rec.next_seq, 0)
+        self._segment = await loop.run_in_executor(
+            None, lambda: ActiveSegment(self._dir, seq, size, fsync=self._fsync,
+                                        create=not rec.segments)
         )
         self._recovered = rec
         self._snapshot = rec.snapshot
@@ -196,10 +190,8 @@ class DurableLog:
 
     def _close(self) -> None:
         self._running = False
-        with self._io_lock:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+        if self._segment is not None:
+            self._segment.close()
         if self._done is not None and not self._done.done():
             self._done.set_result(None)
 
@@ -374,22 +366,10 @@ class DurableLog:
                     None, _write_snapshot_file, self._dir, seq, bytes(blob), self._fsync
                 )
                 self._snapshot = (seq, path)
-                await self._loop.run_in_executor(None, self._delete_covered, seq)
+                await self._loop.run_in_executor(
+                    None, _delete_covered, self._dir, seq, self._archive, self._fsync)
             except OSError as exc:  # the segments are intact: appends go on, retry later
                 raise LogError(f"snapshot {seq} in {self._dir}: {exc}") from exc
-
-    def _delete_covered(self, seq: int) -> None:
-        segments, snapshots = list_dir(self._dir)
-        archive = self._dir / _ARCHIVE
-        for old, path in [*segments.items(), *snapshots.items()]:
-            if old < seq:
-                if self._archive and old in segments and path == segments[old]:
-                    archive.mkdir(exist_ok=True)
-                    os.replace(path, archive / path.name)
-                else:
-                    path.unlink(missing_ok=True)
-        if self._fsync:
-            _fsync_dir(self._dir)
 
     # The writer: the thread (``_thread_main``), or the end of the loop turn (``_write_turn``),
     # runs ``_write_items`` over what was queued, in order; the loop learns the outcome through
@@ -460,8 +440,9 @@ class DurableLog:
                     if not self._threaded:
                         post(self._stopped)
                     return False
-                self._rotate_io()
-                post(self._rotated, self._seq)
+                assert self._segment is not None
+                self._segment.rotate()
+                post(self._rotated, self._segment.seq)
             if chunk:
                 self._commit_io(chunk, count, post)
         except Exception as exc:  # noqa: BLE001 - poisons the log: every waiter hears it
@@ -474,11 +455,12 @@ class DurableLog:
 
     def _commit_io(self, chunk: list[bytes], count: int, post: Callable[..., None]) -> None:
         data = b"".join(chunk)
-        seconds = self._write_io(data)
-        self._size += len(data)
+        segment = self._segment
+        assert segment is not None
+        seconds = segment.write(data)
         post(self._committed, len(chunk), count, len(data), seconds)
-        if self._size >= self._segment_bytes:
-            self._rotate_io()
+        if segment.size >= self._segment_bytes:
+            segment.rotate()
 
     def _committed(self, entries: int, count: int, nbytes: int, seconds: float) -> None:
         """On the loop: the next ``entries`` queued appends are durable."""
@@ -504,36 +486,6 @@ class DurableLog:
         if self._done is not None and not self._done.done():
             self._done.set_result(None)
 
-    def _write_io(self, data: bytes) -> float:
-        with self._io_lock:
-            if self._fd < 0:
-                raise LogClosedError("log closed during a write")
-            view = memoryview(data)
-            while view:  # a regular file may take a large write in pieces
-                view = view[os.write(self._fd, view) :]
-            if not self._fsync:
-                return 0.0
-            t0 = time.perf_counter()
-            _datasync(self._fd)
-            return time.perf_counter() - t0
-
-    def _rotate_io(self) -> None:
-        # The previous batch was fsynced before we got here, so the old segment is complete.
-        fd = self._open_segment(self._seq + 1, True)
-        with self._io_lock:
-            if self._fd < 0:
-                os.close(fd)
-                raise LogClosedError("log closed during a rotation")
-            os.close(self._fd)
-            self._fd, self._seq, self._size = fd, self._seq + 1, 0
-
-    def _open_segment(self, seq: int, create: bool) -> int:
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-        fd = os.open(self._dir / _segment_name(seq), flags | (os.O_EXCL if create else 0), 0o644)
-        if create and self._fsync:
-            _fsync_dir(self._dir)  # the new name must survive a crash like its contents
-        return fd
-
     def _fail(self, exc: BaseException) -> None:
         """Poison the log: fail every waiting append, refuse new ones (on the loop)."""
         if self._failure is not None:
@@ -541,7 +493,8 @@ class DurableLog:
         if isinstance(exc, LogError):
             failure = LogWriteError(str(exc))
         else:
-            failure = LogWriteError(f"write to {self._dir / _segment_name(self._seq)}: {exc}")
+            where = self._segment.path if self._segment is not None else self._dir
+            failure = LogWriteError(f"write to {where}: {exc}")
         failure.__cause__ = exc
         self._failure = failure
         log.error("durable log failed, refusing further appends: %s", exc)
