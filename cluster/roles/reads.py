@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from cluster.core.errors import Unavailable
 from cluster.core.shards import CounterEntry
+from cluster.roles.checks import consume
 from cluster.roles.host import Host
 from cluster.transport.wire import Kind
 
@@ -73,9 +74,5 @@ def _repair(node: Node, table: str, key: str, merged: CounterEntry, stale: list[
             node.on_repair([[table, key, wire_entry]])
         else:
             fut = node.links[name].call(Kind.REPAIR, [[table, key, wire_entry]])
-            fut.add_done_callback(_consume)
+            fut.add_done_callback(consume)
 
-
-def _consume(fut: asyncio.Future[Any]) -> None:
-    if not fut.cancelled():
-        fut.exception()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import msgpack
 
+from cluster.roles.checks import consume
 from cluster.wal import LogRecord, decode_segment, encode_columns, encode_records, scan
 from cluster.wal.errors import LogClosedError
 from cluster.wal.stats import LogStats, _MutableStats
@@ -130,8 +131,7 @@ class SimLog:
 
     def append_lazily(self, records: Sequence[LogRecord]) -> None:
         """As ``append_nowait`` here: the simulated disk syncs on a timer anyway."""
-        self.append_nowait(records).add_done_callback(
-            lambda f: f.cancelled() or f.exception())
+        self.append_nowait(records).add_done_callback(consume)
 
     def append_columns_nowait(self, kind: int | Sequence[int], op_id: Sequence[str],
                               table: str | Sequence[str], key: str | Sequence[str],
