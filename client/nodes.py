@@ -14,9 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from client.config import normalize_url
-from idc_contract.ring import Ring
-
-RING_HASH = "murmur3_x64_128"  # the placement ``idc_contract.ring`` computes
+from idc_contract.ring import RING_HASH, Ring
 
 
 class NodePool:

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable, Sequence
 import mmh3
 
 RING_SEED = 0x1DE0_C0DE
+# how a node names this placement in /v1/health's "ring" (the SDK routes only when it matches)
+RING_HASH = "murmur3_x64_128"
 
 _digest = mmh3.mmh3_x64_128_utupledigest
 

@@ -21,7 +21,7 @@ from typing import Any
 from cluster.core.config import NodeConfig
 from cluster.core.metrics import NodeMetrics
 from cluster.core.ops import Item, ItemFields, Op
-from cluster.core.ring import Ring
+from cluster.core.ring import RING_HASH, Ring
 from cluster.core.shards import CounterEntry
 from cluster.roles import antientropy, checks, settle
 from cluster.roles.admission import needs_check, stale_after_ms
@@ -262,7 +262,7 @@ class Node:
                        for t, d in state.dedups.items()},
             "peers": {pid: link.connected for pid, link in self.links.items()},
             "addresses": {pid: f"{host}:{port}" for pid, host, port in self.config.peers},
-            "ring": {"vnodes": self.ring.vnodes, "hash": "murmur3_x64_128",
+            "ring": {"vnodes": self.ring.vnodes, "hash": RING_HASH,
                      "key": "<table>/<key>"},
             "counters": state.shards.keys,
             "live": {pid: self.is_live(pid) for pid in self.links},
