@@ -1,16 +1,16 @@
 """Anti-entropy digests kept up to date in place: per table and replica group, ``BUCKETS``
-64-bit sums of one hash per key, a tree of finer sums below them (``LEVELS``), and an index of
-the keys by leaf.
+64-bit sums of one hash per key and a tree of finer sums below them (``LEVELS``). The keys of
+each leaf, with their hashes, are read from the owner (``Index``: ``ShardStore``'s pages).
 
 A key's hash is MurmurHash3 (x64, fixed seed) of ``msgpack([key, origin-sorted pairs])`` of its
 *visible* entry (``ShardStore.entry``); a bucket's digest is the sum of its keys' hashes mod
 2**64. Sums are what make it incremental: a key that changes takes its old hash out of its
 bucket and puts the new one in, so a digest costs O(buckets) to read instead of O(keys).
 
-The owner (``ShardStore``) only ``mark``s a key whose visible entry may have changed, which costs
-a set insert on the write path; ``flush`` rehashes the marked keys, each once however often it
-changed, in bounded steps so a caller can yield between them. Until flushed, the sums are those
-of the state as it was at the last flush.
+The owner (``ShardStore``) marks a key whose visible entry may have changed, which costs a bit
+set on the write path; its ``flush_digests`` rehashes the marked keys, each once however often
+it changed, in bounded steps so a caller can yield between them, and gives each new hash to
+``Digests.update``. Until flushed, the sums are those of the state as it was at the last flush.
 
 **Groups.** A peer compares with us only the keys it also replicates. When every node holds
 every key there is one group; otherwise ``group_of(table, key)`` (the key's replica set) splits
@@ -20,9 +20,8 @@ exact for any ring. Pure: no I/O, no clock; the entry hash comes in as a functio
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Collection, Hashable, Iterator
-from typing import Any
+from typing import Protocol
 
 import mmh3
 import msgpack
@@ -64,16 +63,14 @@ def entry_hash(key: str, pairs: list[tuple[str, tuple[int, int]]]) -> int:
 class _Group:
     """One table's keys of one replica group: the bucket sums, the sums of every level below
     (``below[i - 1]``: node id at level i -> sum, nonzero only; a node's children are found by
-    id, ``child % parent level == parent``), and each leaf's keys with their hash as one flat
-    list ``[key, hash, key, hash, ...]``: a leaf holds a handful of keys (keys / LEAVES), for
-    which a list costs a third of a dict and a scan is as quick as a lookup."""
+    id, ``child % parent level == parent``), and how many keys are indexed. The keys themselves
+    and their hashes live in the owner's pages (``Index``), one per leaf."""
 
-    __slots__ = ("sums", "below", "leaves", "size")
+    __slots__ = ("sums", "below", "size")
 
     def __init__(self) -> None:
         self.sums = [0] * BUCKETS
         self.below: list[dict[int, int]] = [{} for _ in LEVELS[1:]]
-        self.leaves: dict[int, list[Any]] = {}
         self.size = 0
 
     def add(self, pos: int, delta: int) -> None:
@@ -89,89 +86,37 @@ class _Group:
                 sums.pop(node, None)
 
 
+class Index(Protocol):
+    """What the digests need of their owner (``ShardStore``): the keys of a leaf, with the
+    hashes last given to ``Digests.update``. The owner also tracks which keys changed and
+    rehashes them (``ShardStore.flush_digests``), since it knows where each key lives."""
+
+    def leaf(self, table: str, leaf: int) -> list[tuple[str, int]]: ...
+
+
 class Digests:
-    """Bucket sums of entry hashes, per table and replica group, maintained from marks."""
+    """Bucket sums of entry hashes, per table and replica group, as the owner updates them."""
 
-    __slots__ = ("_dirty", "_tables", "group_of", "owner")
+    __slots__ = ("_tables", "group_of", "owner", "index")
 
-    def __init__(self, group_of: GroupOf | None = None, owner: object = None) -> None:
-        self._dirty: dict[str, set[str]] = {}
+    def __init__(self, index: Index, group_of: GroupOf | None = None,
+                 owner: object = None) -> None:
+        self.index = index
         self._tables: dict[str, dict[Hashable, _Group]] = {}
         self.group_of = group_of  # None: one group, every peer replicates every key
         self.owner = owner  # who chose ``group_of`` (the ring): a caller's check to regroup
 
-    def mark(self, table: str, key: str) -> None:
-        """The key's visible entry may have changed: rehash it at the next ``flush``."""
-        dirty = self._dirty.get(table)
-        if dirty is None:
-            dirty = self._dirty[table] = set()
-        dirty.add(key)
-
-    def mark_all(self, table: str, keys: Collection[str]) -> None:
-        dirty = self._dirty.get(table)
-        if dirty is None:
-            self._dirty[table] = set(keys)
-        else:
-            dirty.update(keys)
-
-    @property
-    def pending(self) -> int:
-        """Keys marked and not yet flushed."""
-        return sum(len(keys) for keys in self._dirty.values())
-
-    def flush(self, hash_of: HashOf, limit: int | None = None) -> int:
-        """Rehash up to ``limit`` marked keys (all when None); how many stay marked.
-        ``hash_of(table, key)`` is the hash of the key's visible entry, None when it is empty."""
-        done = 0
-        group_of = self.group_of
-        for table in list(self._dirty):
-            dirty = self._dirty[table]
-            groups = self._tables.get(table)
-            if groups is None:
-                groups = self._tables[table] = {}
-            while dirty and (limit is None or done < limit):
-                key = dirty.pop()
-                done += 1
-                g = groups.get(gid := group_of(table, key) if group_of is not None else None)
-                if g is None:
-                    g = groups[gid] = _Group()
-                self._rehash(g, table, key, hash_of(table, key))
-            if not dirty:
-                del self._dirty[table]
-            if limit is not None and done >= limit:
-                break
-        return self.pending
-
-    @staticmethod
-    def _rehash(g: _Group, table: str, key: str, new: int | None) -> None:
-        pos = key_hash(table, key)
-        leaf = pos % LEAVES
-        flat = g.leaves.get(leaf)
-        i = -1
-        if flat is not None:
-            with contextlib.suppress(ValueError):  # keys are str, hashes int: never equal
-                i = flat.index(key)
-        if i < 0:
-            if new is None:
-                return
-            if flat is None:
-                g.leaves[leaf] = [key, new]
-            else:
-                flat += (key, new)
-            g.size += 1
-            g.add(pos, new)
-            return
-        assert flat is not None  # found in it
-        old = flat[i + 1]
-        if new is None:
-            del flat[i:i + 2]
-            if not flat:
-                del g.leaves[leaf]
-            g.size -= 1
-            g.add(pos, -old)
-        elif new != old:
-            flat[i + 1] = new
-            g.add(pos, new - old)
+    def update(self, table: str, key: str, leaf: int, old: int, new: int) -> None:
+        """Key ``key`` of ``leaf`` went from hash ``old`` to ``new`` (0: not indexed)."""
+        groups = self._tables.get(table)
+        if groups is None:
+            groups = self._tables[table] = {}
+        gid = self.group_of(table, key) if self.group_of is not None else None
+        g = groups.get(gid)
+        if g is None:
+            g = groups[gid] = _Group()
+        g.size += (new != 0) - (old != 0)
+        g.add(leaf, new - old)
 
     def _groups(self, table: str, peer: str | None) -> Iterator[_Group]:
         for gid, g in self._tables.get(table, {}).items():
@@ -215,37 +160,30 @@ class Digests:
                         out[child] = (out.get(child, 0) + s) & MASK
         return {child: s for child, s in out.items() if s}
 
+    def _shared(self, table: str, key: str, peer: str | None) -> bool:
+        return self.group_of is None or peer is None or peer in self.group_of(table, key)  # type: ignore[operator]
+
     def key_hashes(self, table: str, leaves: Collection[int],
                    peer: str | None = None) -> dict[str, int]:
         """The last look, below the leaves: each indexed key of ``leaves`` with its hash."""
         out: dict[str, int] = {}
-        for g in self._groups(table, peer):
-            for leaf in leaves:
-                flat = g.leaves.get(leaf)
-                if flat:
-                    out.update(zip(flat[0::2], flat[1::2], strict=True))
+        for leaf in leaves:
+            for key, h in self.index.leaf(table, leaf):
+                if self._shared(table, key, peer):
+                    out[key] = h
         return out
 
     def keys_in(self, table: str, buckets: Collection[int] = (), leaves: Collection[int] = (),
                 peer: str | None = None) -> list[str]:
-        """The indexed keys of ``table`` in ``buckets`` or in ``leaves``: only those are
-        walked (a bucket through the levels below it)."""
-        out: list[str] = []
-        for g in self._groups(table, peer):
-            wanted = set(leaves)
-            for b in buckets:
-                parents = [b]
-                for sums, step, mod in zip(g.below, LEVELS, LEVELS[1:]):  # noqa: B905
-                    parents = [c for p in parents for c in range(p, mod, step) if c in sums]
-                wanted.update(parents)
-            for leaf in wanted:
-                flat = g.leaves.get(leaf)
-                if flat:
-                    out.extend(flat[0::2])
-        return out
+        """The indexed keys of ``table`` in ``buckets`` or in ``leaves``: only those leaves are
+        read (a bucket's are every ``BUCKETS``-th)."""
+        wanted = set(leaves)
+        for b in buckets:
+            wanted.update(range(b, LEAVES, BUCKETS))
+        return [key for leaf in sorted(wanted) for key, _h in self.index.leaf(table, leaf)
+                if self._shared(table, key, peer)]
 
     def clear(self) -> None:
-        self._dirty.clear()
         self._tables.clear()
 
     def indexed(self) -> int:

@@ -5,8 +5,10 @@ own pair; pairs learned from peers merge by element-wise max, so re-delivering o
 state never counts twice. The value is ``sum(P) - sum(N)``. Pure: no I/O, no clock.
 
 ``CounterEntry`` is the full state of one key (reads, repairs, tests of the merge laws);
-``ShardStore`` holds many keys compactly: one flat list ``[P0, N0, P1, N1, ...]`` per key,
-indexed by a per-store origin number, which costs far less memory than a dict per key.
+``ShardStore`` holds many keys compactly, with no Python object per key: each table's keys are
+packed into one ``cluster.core.pages.Page`` per digest leaf (names in one ``bytes``, entries and
+counts in arrays, origins numbered per store): ~90 bytes a counter against ~300 for a list per
+key in a dict (1M counters, one origin each, RSS).
 
 **Hidden deltas.** A leader raises its own pair when it applies an op, before the op is on a
 quorum. Until then the op is unpublished and must be invisible to everyone else (it may yet be
@@ -16,19 +18,22 @@ peers see) subtract them, while ``own_pair`` and the rows themselves stay the lo
 the next op's pair is computed from. A visible pair only ever grows: a delta is hidden as it is
 applied and unhidden once it is published, or once a compensation cancels it (``compensate``).
 
-**Digests.** Every method that may change a key's visible entry marks the key in ``digests``
-(``cluster.core.digests``: anti-entropy's bucket sums, rehashed from the marks), so a digest
-never needs a pass over the whole store.
+**Digests.** Every method that may change a key's visible entry marks the key (a bit of its
+page), and ``flush_digests`` rehashes the marked keys into ``digests`` (``cluster.core.digests``:
+anti-entropy's bucket sums), so a digest never needs a pass over the whole store. The pages are
+also the digests' index of keys by leaf.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import msgpack
 
-from cluster.core.digests import Digests, GroupOf, entry_hash
+from cluster.core.digests import LEAVES, Digests, GroupOf, entry_hash, key_hash
 from cluster.core.ops import ItemFields
+from cluster.core.pages import MAX_ORIGINS, Page
 
 Pair = tuple[int, int]
 
@@ -109,102 +114,129 @@ class CounterEntry:
 
 
 class ShardStore:
-    """Every key's entry on one node; ``own`` is the origin this node raises."""
+    """Every key's entry on one node; ``own`` is the origin this node raises.
 
-    __slots__ = ("own", "_origins", "_index", "_tables", "keys", "_hidden", "digests")
+    Keys live in ``cluster.core.pages.Page``s, one per table and digest leaf; origins are
+    numbered per store (``_origins``), at most ``MAX_ORIGINS``."""
+
+    __slots__ = ("own", "_own", "_origins", "_index", "_tables", "keys", "_hidden", "digests",
+                 "_dirty")
 
     def __init__(self, own: str) -> None:
         self.own = own
         self._origins: list[str] = []
         self._index: dict[str, int] = {}
-        self._tables: dict[str, dict[str, list[int]]] = {}
+        self._tables: dict[str, dict[int, Page]] = {}  # table -> leaf -> page
         # (table, key) -> origin -> [P, N] applied here but not published (module docstring)
         self._hidden: dict[tuple[str, str], dict[str, list[int]]] = {}
         self.keys = 0
-        self.digests = Digests()
-        self._origin(own)  # index 0: apply_local touches row[0] and row[1] only
+        self.digests = Digests(self)
+        # pages with keys changed since the last flush (``Page.dirty`` says which keys)
+        self._dirty: dict[tuple[str, int], Page] = {}
+        self._own = self._origin(own)
 
     def _origin(self, name: str) -> int:
         i = self._index.get(name)
         if i is None:
+            if len(self._origins) >= MAX_ORIGINS:
+                raise ValueError(f"more than {MAX_ORIGINS} origins in one store")
             i = self._index[name] = len(self._origins)
             self._origins.append(name)
         return i
 
-    def _row(self, table: str, key: str, width: int) -> list[int]:
-        rows = self._tables.get(table)
-        if rows is None:
-            rows = self._tables[table] = {}
-        row = rows.get(key)
-        if row is None:
-            row = rows[key] = [0] * width
+    def _find(self, table: str, key: str) -> tuple[Page, int, int] | None:
+        """The key's page, number in it and leaf; None when the store does not hold it."""
+        pages = self._tables.get(table)
+        if pages is None:
+            return None
+        leaf = key_hash(table, key) % LEAVES
+        page = pages.get(leaf)
+        if page is None:
+            return None
+        r = page.find(key.encode())
+        return None if r < 0 else (page, r, leaf)
+
+    def _slot(self, table: str, key: str, o: int) -> tuple[Page, int, int, int]:
+        """The page, entry index, key number and leaf of the key's pair of origin number
+        ``o``, created (as (0, 0)) if missing."""
+        pages = self._tables.get(table)
+        if pages is None:
+            pages = self._tables[table] = {}
+        leaf = key_hash(table, key) % LEAVES
+        page = pages.get(leaf)
+        if page is None:
+            page = pages[leaf] = Page()
+        name = key.encode()
+        r = page.find(name)
+        if r < 0:
+            r = page.add(name)
             self.keys += 1
-        elif len(row) < width:
-            row.extend([0] * (width - len(row)))
-        return row
+        j = page.slot(r, o)
+        if j < 0:
+            j = ~j
+            page.insert(j, r, o)
+        return page, j, r, leaf
+
+    def _mark(self, table: str, page: Page, r: int, leaf: int) -> None:
+        """Key ``r`` of the page changed: rehash it at the next ``flush_digests``."""
+        page.dirty |= 1 << r
+        self._dirty[(table, leaf)] = page
+
+    def _mark_key(self, table: str, key: str) -> None:
+        found = self._find(table, key)
+        if found is not None:
+            self._mark(table, found[0], found[1], found[2])
 
     def apply_local(self, table: str, key: str, delta: int) -> Pair:
         """Raise this node's own pair by ``delta`` (N for a negative delta); the new pair."""
-        rows = self._tables.get(table)
-        if rows is None:
-            rows = self._tables[table] = {}
-        row = rows.get(key)
-        if row is None:
-            row = rows[key] = [0, 0]
-            self.keys += 1
+        page, j, r, leaf = self._slot(table, key, self._own)
+        pn = page.pn
         if delta >= 0:
-            row[0] += delta
+            pn[2 * j] += delta
         else:
-            row[1] -= delta
-        self.digests.mark(table, key)
-        return row[0], row[1]
+            pn[2 * j + 1] -= delta
+        page.dirty |= 1 << r
+        self._dirty[(table, leaf)] = page
+        return pn[2 * j], pn[2 * j + 1]
 
     def merge_pair(self, table: str, key: str, origin: str, p: int, n: int) -> bool:
         """Max-merge one origin's pair; True when it raised anything."""
-        i = 2 * self._origin(origin)
-        row = self._row(table, key, i + 2)
+        page, j, r, leaf = self._slot(table, key, self._origin(origin))
+        pn = page.pn
         changed = False
-        if p > row[i]:
-            row[i] = p
+        if p > pn[2 * j]:
+            pn[2 * j] = p
             changed = True
-        if n > row[i + 1]:
-            row[i + 1] = n
+        if n > pn[2 * j + 1]:
+            pn[2 * j + 1] = n
             changed = True
         if changed:
-            self.digests.mark(table, key)
+            self._mark(table, page, r, leaf)
         return changed
 
     def merge_items(self, items: Sequence[ItemFields]) -> None:
         """``merge_pair`` for a replication batch of items (``cluster.core.ops.Item``'s fields,
         lists off the wire), with the lookups hoisted out of the loop."""
-        tables, index, mark = self._tables, self._index, self.digests.mark
+        index, slot, mark = self._index, self._slot, self._mark
         for _op_id, table, key, origin, p, n, _delta, _ts in items:
-            i = index.get(origin)
-            if i is None:
-                i = self._origin(origin)
-            i *= 2
-            rows = tables.get(table)
-            if rows is None:
-                rows = tables[table] = {}
-            row = rows.get(key)
-            if row is None:
-                row = rows[key] = [0] * (i + 2)
-                self.keys += 1
-            elif len(row) < i + 2:
-                row.extend([0] * (i + 2 - len(row)))
-            if p > row[i]:
-                row[i] = p
-                if n > row[i + 1]:
-                    row[i + 1] = n
-                mark(table, key)
-            elif n > row[i + 1]:
-                row[i + 1] = n
-                mark(table, key)
+            o = index.get(origin)
+            if o is None:
+                o = self._origin(origin)
+            page, j, r, leaf = slot(table, key, o)
+            pn = page.pn
+            j *= 2
+            if p > pn[j]:
+                pn[j] = p
+                if n > pn[j + 1]:
+                    pn[j + 1] = n
+                mark(table, page, r, leaf)
+            elif n > pn[j + 1]:
+                pn[j + 1] = n
+                mark(table, page, r, leaf)
 
     def own_pair(self, table: str, key: str) -> Pair:
         """This node's own pair as applied here (hidden deltas included)."""
-        row = self._tables.get(table, {}).get(key)
-        return (row[0], row[1]) if row else (0, 0)
+        return self.pair(table, key, self.own, visible=False)
 
     def hide(self, table: str, key: str, origin: str, delta: int) -> None:
         """``delta``, applied to ``origin``'s pair, is not published: keep it out of sight."""
@@ -218,7 +250,7 @@ class ShardStore:
             pn[0] += delta
         else:
             pn[1] -= delta
-        self.digests.mark(table, key)
+        self._mark_key(table, key)
 
     def unhide(self, table: str, key: str, origin: str, delta: int) -> None:
         """``delta`` is published (or compensated): it is part of the visible pair again."""
@@ -232,7 +264,7 @@ class ShardStore:
             pn[0] -= delta
         else:
             pn[1] += delta
-        self.digests.mark(table, key)
+        self._mark_key(table, key)
         if pn[0] <= 0 and pn[1] <= 0:
             del by_origin[origin]
             if not by_origin:
@@ -240,7 +272,7 @@ class ShardStore:
 
     def clear_hidden(self) -> None:
         for table, key in self._hidden:
-            self.digests.mark(table, key)
+            self._mark_key(table, key)
         self._hidden.clear()
 
     def has_hidden(self, table: str, key: str) -> bool:
@@ -249,41 +281,48 @@ class ShardStore:
     def compensate(self, table: str, key: str, origin: str, delta: int) -> Pair:
         """Cancel an applied ``delta`` of ``origin`` by raising the pair's other side by as
         much (P and N only grow); the new pair."""
-        i = 2 * self._origin(origin)
-        row = self._row(table, key, i + 2)
+        page, j, r, leaf = self._slot(table, key, self._origin(origin))
+        pn = page.pn
         if delta >= 0:
-            row[i + 1] += delta
+            pn[2 * j + 1] += delta
         else:
-            row[i] -= delta
-        self.digests.mark(table, key)
-        return row[i], row[i + 1]
+            pn[2 * j] -= delta
+        self._mark(table, page, r, leaf)
+        return pn[2 * j], pn[2 * j + 1]
 
     def pair(self, table: str, key: str, origin: str, *, visible: bool = True) -> Pair:
         """``origin``'s pair of one key: as others may see it, or as applied here."""
-        row = self._tables.get(table, {}).get(key)
-        i = self._index.get(origin)
-        if not row or i is None or 2 * i >= len(row):
+        found, o = self._find(table, key), self._index.get(origin)
+        if found is None or o is None:
             return (0, 0)
-        p, n = row[2 * i], row[2 * i + 1]
+        page, r, _leaf = found
+        j = page.slot(r, o)
+        if j < 0:
+            return (0, 0)
+        p, n = page.pn[2 * j], page.pn[2 * j + 1]
         if visible:
             hid = self._hidden.get((table, key), {}).get(origin)
             if hid is not None:
                 p, n = max(0, p - hid[0]), max(0, n - hid[1])
         return p, n
 
-    def entry(self, table: str, key: str) -> CounterEntry:
-        """The key's entry as others may see it: unpublished deltas left out."""
-        row = self._tables.get(table, {}).get(key)
-        if not row:
-            return CounterEntry()
+    def _pairs(self, table: str, key: str, page: Page, r: int) -> dict[str, Pair]:
+        """The key's visible pairs, (0, 0) ones included."""
         origins = self._origins
-        pairs = {origins[j // 2]: (row[j], row[j + 1]) for j in range(0, len(row), 2)}
+        pairs = {origins[o]: (p, n) for o, p, n in page.entries(r)}
         hidden = self._hidden.get((table, key))
         if hidden:
             for origin, (hp, hn) in hidden.items():
                 p, n = pairs.get(origin, (0, 0))
                 pairs[origin] = (max(0, p - hp), max(0, n - hn))
-        return CounterEntry(pairs)
+        return pairs
+
+    def entry(self, table: str, key: str) -> CounterEntry:
+        """The key's entry as others may see it: unpublished deltas left out."""
+        found = self._find(table, key)
+        if found is None:
+            return CounterEntry()
+        return CounterEntry(self._pairs(table, key, found[0], found[1]))
 
     def merge_entry(self, table: str, key: str, entry: CounterEntry) -> bool:
         changed = False
@@ -293,36 +332,64 @@ class ShardStore:
 
     def value(self, table: str, key: str) -> int:
         """The visible value (unpublished deltas left out)."""
+        found = self._find(table, key)
+        if found is None:
+            return 0
         if (table, key) in self._hidden:
-            return self.entry(table, key).value()
-        row = self._tables.get(table, {}).get(key)
-        return sum(row[0::2]) - sum(row[1::2]) if row else 0
+            return CounterEntry(self._pairs(table, key, found[0], found[1])).value()
+        return sum(p - n for _o, p, n in found[0].entries(found[1]))
+
+    def _hash(self, table: str, key: str, page: Page, r: int) -> int:
+        """``cluster.core.digests.entry_hash`` of the key's visible entry, 0 when it is empty."""
+        pairs = [(o, pair) for o, pair in self._pairs(table, key, page, r).items()
+                 if pair[0] or pair[1]]
+        if not pairs:
+            return 0
+        pairs.sort()
+        return entry_hash(key, pairs) or 1  # 0 means "not indexed"
 
     def visible_hash(self, table: str, key: str) -> int | None:
-        """``cluster.core.digests.entry_hash`` of ``entry(table, key)``, None when it is empty;
-        built from the row directly (no ``CounterEntry``): it runs once per changed key."""
-        row = self._tables.get(table, {}).get(key)
-        if not row:
-            return None
-        origins = self._origins
-        hidden = self._hidden.get((table, key))
-        if hidden is None:
-            pairs = [(origins[j >> 1], (row[j], row[j + 1])) for j in range(0, len(row), 2)
-                     if row[j] or row[j + 1]]
-        else:
-            pn = {origins[j >> 1]: (row[j], row[j + 1]) for j in range(0, len(row), 2)}
-            for origin, (hp, hn) in hidden.items():
-                p, n = pn.get(origin, (0, 0))
-                pn[origin] = (max(0, p - hp), max(0, n - hn))
-            pairs = [(o, pair) for o, pair in pn.items() if pair[0] or pair[1]]
-        if not pairs:
-            return None
-        pairs.sort()
-        return entry_hash(key, pairs)
+        """The digest hash of ``entry(table, key)``, None when it is empty."""
+        found = self._find(table, key)
+        return (self._hash(table, key, found[0], found[1]) or None) if found else None
+
+    # -- the digests' index (``cluster.core.digests.Index``) -----------------------------------
+
+    def leaf(self, table: str, leaf: int) -> list[tuple[str, int]]:
+        page = self._tables.get(table, {}).get(leaf)
+        if page is None:
+            return []
+        hashes = page.hashes
+        return [(name.decode(), hashes[r]) for r, name in enumerate(page.names()) if hashes[r]]
 
     def flush_digests(self, limit: int | None = None) -> int:
-        """Bring ``digests`` up to date for at most ``limit`` changed keys; how many remain."""
-        return self.digests.flush(self.visible_hash, limit)
+        """Rehash the keys changed since the last flush into ``digests``, page by page, until
+        at least ``limit`` keys are done (all when None); how many changed keys remain."""
+        done = 0
+        dirty = self._dirty
+        while dirty and (limit is None or done < limit):
+            (table, leaf), page = dirty.popitem()
+            bits, page.dirty = page.dirty, 0
+            names = page.names()
+            while bits:
+                low = bits & -bits
+                r = low.bit_length() - 1
+                bits ^= low
+                self._rehash(table, names[r].decode(), page, r, leaf)
+                done += 1
+        return self.digest_pending
+
+    @property
+    def digest_pending(self) -> int:
+        """Keys changed and not yet rehashed into the digests."""
+        return sum(page.dirty.bit_count() for page in self._dirty.values())
+
+    def _rehash(self, table: str, key: str, page: Page, r: int, leaf: int) -> None:
+        new = self._hash(table, key, page, r)
+        old = page.hashes[r]
+        if new != old:
+            page.hashes[r] = new
+            self.digests.update(table, key, leaf, old, new)
 
     def group_digests(self, owner: object, group_of: GroupOf | None) -> None:
         """Split the digests by replica group (``Digests``); a new grouping rehashes every key
@@ -331,40 +398,73 @@ class ShardStore:
         if group_of is None and d.group_of is None:
             d.owner = owner
             return
-        self.digests = Digests(group_of, owner)
-        for table, rows in self._tables.items():
-            self.digests.mark_all(table, rows)
+        self.digests = Digests(self, group_of, owner)
+        self._index_all()
+
+    def _index_all(self) -> None:
+        """Every key is new to the digests: forget the flushed hashes, mark every key."""
+        for table, pages in self._tables.items():
+            for leaf, page in pages.items():
+                page.reset_hashes()
+                if page.dirty:
+                    self._dirty[(table, leaf)] = page
 
     def tables(self) -> Iterator[str]:
         return iter(self._tables)
 
     def keys_of(self, table: str) -> Iterator[str]:
-        return iter(self._tables.get(table, {}))
+        for page in list(self._tables.get(table, {}).values()):
+            for name in page.names():
+                yield name.decode()
+
+    # -- snapshots ----------------------------------------------------------------------------
+
+    def dump_chunks(self, pages_per_chunk: int = 4096) -> Iterator[bytes]:
+        """The store as msgpack chunks of ``[table, leaf, keys, who, pn, ...]``, each encoding
+        up to ``pages_per_chunk`` pages as they are when it is made; then the origins, last (they
+        only grow, so every origin a chunk names is in them). A caller may run other code
+        between chunks: a page changed meanwhile is taken as it is then (``NodeState``'s
+        snapshot relies on pairs only growing), a page created meanwhile is left out."""
+        todo = [(table, leaf) for table, pages in self._tables.items() for leaf in pages]
+        pack = msgpack.Packer().pack
+        for i in range(0, len(todo), pages_per_chunk):
+            flat: list[Any] = []
+            for table, leaf in todo[i:i + pages_per_chunk]:
+                flat += (table, leaf, *self._tables[table][leaf].dump())
+            yield pack(flat)
+        yield pack({"own": self.own, "origins": self._origins})
 
     def to_bytes(self) -> bytes:
-        return msgpack.packb({"own": self.own, "origins": self._origins, "tables": self._tables})
+        return msgpack.packb({"chunks": list(self.dump_chunks())})
 
     @classmethod
     def from_bytes(cls, data: bytes, own: str) -> ShardStore:
-        """Load a snapshot; ``own`` may differ from the snapshot's (a renamed data dir)."""
+        """Load a snapshot; ``own`` may differ from the snapshot's (a new incarnation)."""
         blob = msgpack.unpackb(data, strict_map_key=True)
+        if "chunks" not in blob:
+            return cls._from_rows(blob, own)
+        *chunks, tail = blob["chunks"]
+        head = msgpack.unpackb(tail)
+        store = cls(own)
+        store._origins = list(head["origins"])
+        store._index = {name: i for i, name in enumerate(store._origins)}
+        store._own = store._origin(own)
+        for raw in chunks:
+            flat = msgpack.unpackb(raw)
+            for i in range(0, len(flat), 5):
+                table, leaf, keys, who, pn = flat[i:i + 5]
+                page = Page.load(keys, who, pn)
+                store._tables.setdefault(table, {})[leaf] = page
+                store.keys += len(page)
+        store._index_all()
+        return store
+
+    @classmethod
+    def _from_rows(cls, blob: dict[str, Any], own: str) -> ShardStore:
+        """A snapshot of the earlier layout (``{"tables": {table: {key: [P0, N0, ...]}}}``)."""
         store = cls(own)
         origins: list[str] = blob["origins"]
-        tables: dict[str, dict[str, list[int]]] = blob["tables"]
-        if own not in origins:  # a new incarnation: shift every row to put ``own`` first
-            origins = [own, *origins]
-            for rows in tables.values():
-                for row in rows.values():
-                    row[:0] = (0, 0)
-        if origins[0] == own:
-            store._origins = list(origins)
-            store._index = {name: i for i, name in enumerate(origins)}
-            store._tables = tables
-            store.keys = sum(len(rows) for rows in tables.values())
-            for table, rows in tables.items():
-                store.digests.mark_all(table, rows)
-            return store
-        for table, rows in tables.items():
+        for table, rows in blob["tables"].items():
             for key, row in rows.items():
                 for j in range(0, len(row), 2):
                     if row[j] or row[j + 1]:
@@ -374,8 +474,8 @@ class ShardStore:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ShardStore):
             return NotImplemented
-        mine = {(t, k) for t, rows in self._tables.items() for k in rows}
-        theirs = {(t, k) for t, rows in other._tables.items() for k in rows}
+        mine = {(t, k) for t in self.tables() for k in self.keys_of(t)}
+        theirs = {(t, k) for t in other.tables() for k in other.keys_of(t)}
         return mine == theirs and all(self.entry(t, k) == other.entry(t, k) for t, k in mine)
 
     __hash__ = None  # type: ignore[assignment]
