@@ -163,7 +163,7 @@ class NodeServer:
 
     async def snapshot(self) -> None:
         started = time.perf_counter()
-        await self.node.log.write_snapshot(self.node.state.make_blob)
+        await self.node.log.write_snapshot(self.node.state.snapshot_cut)
         self.node.metrics.snapshots += 1
         log.info("snapshot written", extra={"fields": {
             "seconds": round(time.perf_counter() - started, 3),

@@ -269,6 +269,65 @@ async def test_snapshot_covers_records_before_the_cut_only(tmp_path: Path) -> No
     assert replayed == recs(10, prefix="after") + recs(5, prefix="later")
 
 
+async def test_a_finished_cut_is_written_only_once_what_it_may_hold_is_durable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``SnapshotCut`` is finished while appends go on, so its blob may hold records
+    appended during ``finish``: the snapshot file must not be written before those are durable
+    (a crash would keep state the log lost). The writer's fsync of the record appended during
+    ``finish`` is held until the test lets it go; the snapshot file's write says whether the
+    record was durable by then."""
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+    real_sync, real_write = wal_files._datasync, wal_writer._write_snapshot_file
+    hold = False
+    during: list[asyncio.Future[None]] = []
+    durable_at_write: list[bool] = []
+
+    def slow(fd: int) -> None:
+        if hold and threading.current_thread().name.startswith("wal-writer"):  # not the snapshot's
+            entered.set()
+            release.wait(10)
+        real_sync(fd)
+
+    def write(*args: Any) -> Path:
+        durable_at_write.append(during[0].done())
+        return real_write(*args)
+
+    monkeypatch.setattr(wal_files, "_datasync", slow)
+    monkeypatch.setattr(wal_writer, "_write_snapshot_file", write)
+    async with DurableLog(tmp_path, fsync=True) as log:
+        await log.append(recs(3))
+
+        class Cut:
+            async def finish(self) -> bytes:
+                nonlocal hold
+                hold = True  # the next commit, of the record below, waits for ``release``
+                during.append(log.append_nowait(recs(1, prefix="during")))
+                return b"holds-during"
+
+        snap = asyncio.create_task(log.write_snapshot(Cut))
+        await asyncio.to_thread(entered.wait, 10)
+        for _ in range(20):  # the snapshot task gets every chance to run ahead
+            await asyncio.sleep(0)
+        hold = False
+        release.set()
+        await snap
+    assert durable_at_write == [True]
+    blob, replayed = await reopen(tmp_path)
+    assert blob == b"holds-during" and replayed == recs(1, prefix="during")
+
+
+async def test_a_barrier_waits_for_every_earlier_append(tmp_path: Path) -> None:
+    async with DurableLog(tmp_path, fsync=True) as log:
+        assert log.barrier().done()  # nothing queued: nothing to wait for
+        first = log.append_nowait(recs(5))
+        log.append_lazily(recs(1, prefix="lazy"))
+        await log.barrier()
+        assert first.done()
+    assert (await reopen(tmp_path))[1] == recs(5) + recs(1, prefix="lazy")
+
+
 async def test_second_snapshot_replaces_the_first(tmp_path: Path) -> None:
     async with DurableLog(tmp_path, fsync=False) as log:
         await log.append(recs(3))

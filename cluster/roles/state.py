@@ -6,6 +6,7 @@ idempotent because shard entries merge by max and re-inserting an op id is harml
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -181,16 +182,14 @@ class NodeState:
                 d.seen_or_add(op_id.encode())
 
     def make_blob(self) -> bytes:
-        """Snapshot of everything; called synchronously at the log's rotation instant."""
-        return msgpack.packb({
-            "version": SNAPSHOT_VERSION,
-            "node": self.config.node_id,
-            "shards": self.shards.to_bytes(),
-            "dedup": {table: d.to_bytes() for table, d in self.dedups.items()},
-            "in_doubt": list(self.pending.values()),  # their APPLY records go with the segments
-            "withdrawn": {k: t for k, t in self.withdrawn.items()
-                          if t > self.clock() - 2 * self.config.window},
-        })
+        """Snapshot of everything, made at once (the simulator's log; tests)."""
+        return self.snapshot_cut().finish_now()
+
+    def snapshot_cut(self) -> SnapshotCut:
+        """A snapshot begun now, at the log's rotation instant (``DurableLog.write_snapshot``):
+        the unpublished ops, the withdrawn ids and the dedup state are copied now; the shards
+        are encoded later, in steps, by ``SnapshotCut.finish``."""
+        return SnapshotCut(self)
 
     def load_blob(self, blob: bytes) -> None:
         data = msgpack.unpackb(blob, strict_map_key=True)
@@ -204,3 +203,45 @@ class NodeState:
 
     def dedup_bytes(self) -> int:
         return sum(int(d.nbytes()) for d in self.dedups.values())
+
+
+class SnapshotCut:
+    """One snapshot of a node's state, cut at the log's rotation instant and finished in steps.
+
+    What may shrink or change shape is copied at the cut: the unpublished ops (the snapshot's
+    ``in_doubt``: their APPLY records go with the covered segments), the withdrawn ids, and each
+    table's dedup (one consistent copy: a filter's generations shift as it refreshes). The
+    shards are encoded afterwards, ``CHUNK_PAGES`` pages a loop turn, so a million counters
+    never stall the loop: they may then hold pairs raised after the cut. That is safe because
+    pairs only grow and max-merge, replay raises them to the same values, and the log writes
+    the snapshot only once every record appended before ``finish`` returned is durable
+    (``DurableLog.barrier``): a snapshot never holds a pair the log could lose.
+    """
+
+    CHUNK_PAGES = 2048
+
+    def __init__(self, state: NodeState) -> None:
+        now = state.clock()
+        self._head: dict[str, Any] = {
+            "version": SNAPSHOT_VERSION,
+            "node": state.config.node_id,
+            "dedup": {table: d.to_bytes() for table, d in state.dedups.items()},
+            "in_doubt": [tuple(item) for item in state.pending.values()],
+            "withdrawn": {k: t for k, t in state.withdrawn.items()
+                          if t > now - 2 * state.config.window},
+        }
+        self._chunks = state.shards.dump_chunks(self.CHUNK_PAGES)
+
+    def _blob(self, chunks: list[bytes]) -> bytes:
+        """Only immutable parts: safe to run in a worker thread."""
+        return msgpack.packb({**self._head, "shards": msgpack.packb({"chunks": chunks})})
+
+    def finish_now(self) -> bytes:
+        return self._blob(list(self._chunks))
+
+    async def finish(self) -> bytes:
+        chunks: list[bytes] = []
+        for chunk in self._chunks:
+            chunks.append(chunk)
+            await asyncio.sleep(0)  # let the loop run between chunks
+        return await asyncio.get_running_loop().run_in_executor(None, self._blob, chunks)

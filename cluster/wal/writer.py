@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 
@@ -59,6 +59,12 @@ class _Rotation:
 _Entry = tuple[bytes, int, "asyncio.Future[None]"]  # encoded frames, record count, ack
 LAZY_DELAY = 0.05  # seconds an ``append_lazily`` record waits at most for another commit
 _STOP = _Rotation.__new__(_Rotation)  # queue marker: the writer thread ends after what is before
+
+
+class SnapshotCut(Protocol):
+    """A snapshot taken at the rotation instant and finished later (``write_snapshot``)."""
+
+    async def finish(self) -> bytes: ...
 
 
 class DurableLog:
@@ -341,12 +347,30 @@ class DurableLog:
         """Return once the records are durable (see ``append_columns_nowait``)."""
         await self.append_columns_nowait(kind, op_id, table, key, delta, origin, p, n, ts)
 
-    async def write_snapshot(self, make_blob: Callable[[], bytes]) -> None:
+    def barrier(self) -> asyncio.Future[None]:
+        """Resolves once every record appended before this call is durable (lazy ones too)."""
+        if self._failure is not None:
+            raise self._failure
+        if not self._running or self._closing:
+            raise LogClosedError("barrier on a log that is not running")
+        assert self._loop is not None
+        fut: asyncio.Future[None] = self._loop.create_future()
+        if not self._unacked and not self._lazy:
+            fut.set_result(None)
+        else:  # an empty entry: it commits with (or right after) what was queued before it
+            self._enqueue((b"", 0, fut))
+        return fut
+
+    async def write_snapshot(self, make_blob: Callable[[], bytes | SnapshotCut]) -> None:
         """Rotate and call ``make_blob()`` at that same instant, store it, drop covered segments.
 
         The blob must reflect every record whose append was called before this call (those go
         to the old segments, which are deleted); records appended later land in the new
-        segment and are replayed on top of the snapshot.
+        segment and are replayed on top of the snapshot. ``make_blob`` may instead return a
+        ``SnapshotCut``, finished after the rotation while appends go on: its blob may then
+        also reflect records appended meanwhile, so the snapshot file is written only once
+        every record appended before ``finish`` returned is durable (``barrier``). Replay
+        must be idempotent over such state (the node's is: pairs max-merge).
         """
         if not self._running or self._closing:
             raise LogClosedError("snapshot of a log that is not running")
@@ -356,14 +380,19 @@ class DurableLog:
                 raise self._failure
             if not self._running or self._closing:  # the writer may be gone: nobody would rotate
                 raise LogClosedError("snapshot of a log that is not running")
-            blob = make_blob()  # no await from here to the marker: the cut is exact
+            made = make_blob()  # no await from here to the marker: the cut is exact
             rotation = _Rotation(self._loop.create_future())
             self._enqueue(rotation)
             seq = await rotation.future
+            if isinstance(made, bytes | bytearray | memoryview):
+                blob = bytes(made)
+            else:
+                blob = await made.finish()
+                await self.barrier()
             try:
                 # Default executor: a large blob must not delay the log writer's fsyncs.
                 path = await self._loop.run_in_executor(
-                    None, _write_snapshot_file, self._dir, seq, bytes(blob), self._fsync
+                    None, _write_snapshot_file, self._dir, seq, blob, self._fsync
                 )
                 self._snapshot = (seq, path)
                 await self._loop.run_in_executor(
