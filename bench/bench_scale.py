@@ -22,7 +22,9 @@ Loads ``--counters`` distinct counters through /v1/batch into a real 3-process c
      --max-hints 0`` leaves the whole repair to anti-entropy);
   4. restart: kill -9 of n1 and a restart: seconds until READY, records replayed, RSS after.
 The nodes snapshot only on log growth here (``--snapshot-interval`` 3600), so a snapshot of the
-loaded state does not land inside the idle window; fsync is off (it does not matter idle, and
+loaded state does not land inside the idle window (``--snapshot-interval 10 --steady-seconds 25``
+takes snapshots of every counter during the steady phase, which reports them and the loop's
+worst lag meanwhile); fsync is off (it does not matter idle, and
 the load goes faster).
 """
 
@@ -66,7 +68,19 @@ def loop_lag(text: str) -> dict[str, Any] | None:
         return None
     over_20ms = count - buckets.get("0.02", count)
     return {"samples": int(count), "over_20ms": int(over_20ms),
-            "max_le": next((le for le, c in buckets.items() if c >= count), "+Inf")}
+            "max_le": next((le for le, c in buckets.items() if c >= count), "+Inf"),
+            "buckets": buckets}
+
+
+def worst_lag(now: dict[str, Any] | None, then: dict[str, Any] | None) -> str | None:
+    """The smallest ``le`` bucket holding every lag sample taken between two scrapes."""
+    if now is None or then is None:
+        return None
+    total = now["samples"] - then["samples"]
+    for le, c in now["buckets"].items():
+        if c - then["buckets"].get(le, 0) >= total:
+            return str(le)
+    return "+Inf"
 
 
 async def idle_phase(cluster: LocalCluster, seconds: float) -> dict[str, Any]:
@@ -84,6 +98,7 @@ async def idle_phase(cluster: LocalCluster, seconds: float) -> dict[str, Any]:
         if now is not None and then is not None:
             lag[n.id] = {"samples": now["samples"] - then["samples"],
                          "over_20ms": now["over_20ms"] - then["over_20ms"],
+                         "worst": worst_lag(now, then),
                          "max_le_since_start": now["max_le"]}
     return {"seconds": round(elapsed, 1), "cpu_pct_per_node": cpu, "loop_lag": lag or None}
 
@@ -147,7 +162,8 @@ class Writer:
 
 async def steady_phase(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
     procs = {n.id: n.proc.pid for n in cluster.nodes.values() if n.proc}
-    names = ["idc_antientropy_cpu_seconds_total", "idc_antientropy_bytes_total"]
+    names = ["idc_antientropy_cpu_seconds_total", "idc_antientropy_bytes_total",
+             "idc_snapshots_total"]
     m0, cpu0, t0 = await scrape(cluster, names), dict.fromkeys(procs, 0.0), time.monotonic()
     for nid, pid in procs.items():
         cpu0[nid] = cpu_seconds([pid])
@@ -168,7 +184,9 @@ async def steady_phase(cluster: LocalCluster, args: argparse.Namespace) -> dict[
             "antientropy_cpu_pct": round(100 * ae / elapsed, 2),
             "antientropy_share_of_node_cpu_pct": round(100 * ae / cpu, 2) if cpu else None,
             "antientropy_bytes": int(m1[nid][names[1]] - m0[nid][names[1]]),
-            "lag_over_20ms": (lag["over_20ms"] - then["over_20ms"]) if lag and then else None}
+            "snapshots": int(m1[nid][names[2]] - m0[nid][names[2]]),
+            "lag_over_20ms": (lag["over_20ms"] - then["over_20ms"]) if lag and then else None,
+            "worst_lag_le": worst_lag(lag, then)}
     return out
 
 
@@ -223,7 +241,7 @@ async def partition_phase(cluster: LocalCluster, proxies: list[Proxy],
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    extra = ["--no-fsync", "--snapshot-interval", "3600",
+    extra = ["--no-fsync", "--snapshot-interval", str(args.snapshot_interval),
              "--antientropy-interval", str(args.antientropy_interval), *args.node_args]
     out: dict[str, Any] = {"config": {"nodes": 3, "rf": 3, "counters": args.counters,
                                       "antientropy_interval": args.antientropy_interval}}
@@ -290,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--antientropy-interval", type=float, default=5.0)
     ap.add_argument("--rate", type=float, default=2000.0, help="ops/s in the write phases")
     ap.add_argument("--steady-seconds", type=float, default=10.0)
+    ap.add_argument("--snapshot-interval", type=float, default=3600.0,
+                    help="the nodes' --snapshot-interval: set it below --steady-seconds to "
+                         "measure the loop's lag while snapshots of every counter are taken")
     ap.add_argument("--partition-seconds", type=float, default=10.0)
     ap.add_argument("--repair-timeout", type=float, default=60.0)
     ap.add_argument("--phases", default="idle,steady,partition,restart",

@@ -15,6 +15,7 @@ import logging
 import os
 import struct
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,16 +64,23 @@ def _read_snapshot(path: Path, seq: int) -> bytes:
     return bytes(blob)
 
 
-def _write_snapshot_file(directory: Path, seq: int, blob: bytes, fsync: bool) -> Path:
-    """Atomic: a crash leaves either no snapshot-<seq>.snap or a complete one."""
-    head = _SNAP_HEADER.pack(_SNAP_MAGIC, _SNAP_VERSION, 0, seq, len(blob), 0)[:-4]
-    crc = zlib.crc32(blob, zlib.crc32(head))
+def _write_snapshot_file(directory: Path, seq: int, blob: bytes | Sequence[bytes],
+                         fsync: bool) -> Path:
+    """Atomic: a crash leaves either no snapshot-<seq>.snap or a complete one. ``blob`` may come
+    in parts, written one after the other (no copy of the whole: zlib and the writes release
+    the GIL, so the loop runs meanwhile)."""
+    parts = [blob] if isinstance(blob, bytes | bytearray | memoryview) else blob
+    head = _SNAP_HEADER.pack(_SNAP_MAGIC, _SNAP_VERSION, 0, seq, sum(map(len, parts)), 0)[:-4]
+    crc = zlib.crc32(head)
+    for part in parts:
+        crc = zlib.crc32(part, crc)
     final = directory / _snapshot_name(seq)
     tmp = final.with_name(final.name + ".tmp")
     try:
         with open(tmp, "wb") as f:
             f.write(head + struct.pack("<I", crc))
-            f.write(blob)
+            for part in parts:
+                f.write(part)
             f.flush()
             if fsync:
                 os.fsync(f.fileno())

@@ -62,9 +62,10 @@ _STOP = _Rotation.__new__(_Rotation)  # queue marker: the writer thread ends aft
 
 
 class SnapshotCut(Protocol):
-    """A snapshot taken at the rotation instant and finished later (``write_snapshot``)."""
+    """A snapshot taken at the rotation instant and finished later (``write_snapshot``): its
+    blob, or the parts whose concatenation is the blob (written without joining them)."""
 
-    async def finish(self) -> bytes: ...
+    async def finish(self) -> bytes | Sequence[bytes]: ...
 
 
 class DurableLog:
@@ -384,6 +385,7 @@ class DurableLog:
             rotation = _Rotation(self._loop.create_future())
             self._enqueue(rotation)
             seq = await rotation.future
+            blob: bytes | Sequence[bytes]
             if isinstance(made, bytes | bytearray | memoryview):
                 blob = bytes(made)
             else:
