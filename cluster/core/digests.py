@@ -2,25 +2,26 @@
 64-bit sums of one hash per key and a tree of finer sums below them (``LEVELS``). The keys of
 each leaf, with their hashes, are read from the owner (``Index``: ``ShardStore``'s pages).
 
-A key's hash is MurmurHash3 (x64, fixed seed) of ``msgpack([key, origin-sorted pairs])`` of its
-*visible* entry (``ShardStore.entry``); a bucket's digest is the sum of its keys' hashes mod
-2**64. Sums are what make it incremental: a key that changes takes its old hash out of its
-bucket and puts the new one in, so a digest costs O(buckets) to read instead of O(keys).
+A key's hash is the sum mod 2**64 of one MurmurHash3 (x64, fixed seed) per pair of its
+*visible* entry (``ShardStore.entry``), of ``msgpack([key, origin, P, N])``; a bucket's digest
+is the sum of its keys' hashes. Sums are what make it incremental: a pair that changes moves
+its key's hash, and every level above it, by the difference of its own two hashes, so a write
+costs two MurmurHash3 calls and a digest costs O(buckets) to read instead of O(keys).
 
-The owner (``ShardStore``) marks a key whose visible entry may have changed, which costs a bit
-set on the write path; its ``flush_digests`` rehashes the marked keys, each once however often
-it changed, in bounded steps so a caller can yield between them, and gives each new hash to
-``Digests.update``. Until flushed, the sums are those of the state as it was at the last flush.
+The owner (``ShardStore``) gives every change of a key's hash to ``Digests.update`` as it writes.
+Only a store that is new to its digests (loaded from a snapshot, or regrouped) has keys left to
+hash whole, which its ``flush_digests`` does in bounded steps so a caller can yield between
+them; until then those keys are missing from the sums.
 
 **Groups.** A peer compares with us only the keys it also replicates. When every node holds
 every key there is one group; otherwise ``group_of(table, key)`` (the key's replica set) splits
 each table into groups, and a peer's digest is the sum over the groups it belongs to, which is
-exact for any ring. Pure: no I/O, no clock; the entry hash comes in as a function.
+exact for any ring. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Hashable, Iterator
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator
 from typing import Protocol
 
 import mmh3
@@ -38,7 +39,6 @@ LEAVES = LEVELS[-1]
 SEED = 0x5EED_AE
 MASK = (1 << 64) - 1
 
-HashOf = Callable[[str, str], "int | None"]
 GroupOf = Callable[[str, str], Hashable]
 
 
@@ -55,9 +55,16 @@ _pack = msgpack.Packer().pack  # one packer, reused: ``packb`` builds one a call
 _hash64 = mmh3.hash64
 
 
-def entry_hash(key: str, pairs: list[tuple[str, tuple[int, int]]]) -> int:
-    """The hash of one key's entry; ``pairs`` sorted by origin, none of them (0, 0)."""
-    return _hash64(_pack([key, pairs]), SEED, signed=False)[0]
+def pair_hash(key: str, origin: str, p: int, n: int) -> int:
+    """One visible pair's share of its key's hash; 0 for (0, 0), which is no pair at all."""
+    return _hash64(_pack((key, origin, p, n)), SEED, signed=False)[0] if p or n else 0
+
+
+def entry_hash(key: str, pairs: Iterable[tuple[str, tuple[int, int]]]) -> int:
+    """The hash of one key's entry: the sum of its pairs' ``pair_hash`` mod 2**64 (0: empty).
+    A sum, so a change of one pair moves it by that pair's difference: the store keeps every
+    key's hash, and the digests, up to date as it writes, with no rehash of the whole entry."""
+    return sum(pair_hash(key, o, p, n) for o, (p, n) in pairs) & MASK
 
 
 class _Group:

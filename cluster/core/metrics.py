@@ -202,8 +202,8 @@ def render(node: Any, auth: Any = None, edge: Any = None) -> str:
               "CPU time of anti-entropy's own steps (digests, leaves, entries, merges)",
               m.antientropy_seconds)
     digests = node.state.shards.digests
-    ex.simple("idc_digest_pending", "gauge", "keys changed and not yet rehashed into the "
-              "anti-entropy digests (rehashed at the next round)",
+    ex.simple("idc_digest_pending", "gauge", "keys not yet hashed into the "
+              "anti-entropy digests (after a restart; hashed in steps)",
               node.state.shards.digest_pending)
     ex.family("idc_digest_checksum", "gauge", "sum of every bucket digest of the table, as of "
               "the last rehash (low 48 bits): equal on two replicas holding equal entries")

@@ -9,7 +9,7 @@ buffers and no object per key:
     hashes  array('Q')     per key: its entry's digest hash as last flushed (0: not indexed)
     who     array('Q')     per (key, origin) entry, sorted: key number << 16 | origin number
     pn      array('Q')     per entry: P, N
-    dirty   int            bit i: key i changed since its hash was flushed (the digests' marks)
+    dirty   int            bit i: key i is to be hashed whole (a store new to its digests)
 
 A key is found with one ``bytes.find`` of ``\\0name\\0`` and a count of the separators before it,
 an entry by bisecting ``who``; both run in C over a few hundred bytes. The names of a page are
@@ -57,7 +57,7 @@ class Page:
     __slots__ = ("keys", "hashes", "who", "pn", "dirty")
 
     def __init__(self) -> None:
-        self.dirty = 0  # bit r: key r changed since its hash was last flushed
+        self.dirty = 0  # bit r: key r is to be hashed whole (a new digest index)
         self.keys = _SEP
         self.hashes = _q()
         self.who = _q()

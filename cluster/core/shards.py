@@ -18,10 +18,12 @@ peers see) subtract them, while ``own_pair`` and the rows themselves stay the lo
 the next op's pair is computed from. A visible pair only ever grows: a delta is hidden as it is
 applied and unhidden once it is published, or once a compensation cancels it (``compensate``).
 
-**Digests.** Every method that may change a key's visible entry marks the key (a bit of its
-page), and ``flush_digests`` rehashes the marked keys into ``digests`` (``cluster.core.digests``:
-anti-entropy's bucket sums), so a digest never needs a pass over the whole store. The pages are
-also the digests' index of keys by leaf.
+**Digests.** Every method that changes a key's visible entry moves the key's hash (kept in its
+page) by the changed pair's difference and tells ``digests`` (``cluster.core.digests``:
+anti-entropy's bucket sums), so a digest never needs a pass over the whole store. A store new
+to its digests (a snapshot loaded, a regrouping) marks every key (a bit of its page) and
+``flush_digests`` hashes them whole, in steps. The pages are also the digests' index of keys by
+leaf.
 """
 
 from __future__ import annotations
@@ -31,7 +33,15 @@ from typing import Any
 
 import msgpack
 
-from cluster.core.digests import LEAVES, Digests, GroupOf, entry_hash, key_hash
+from cluster.core.digests import (
+    LEAVES,
+    MASK,
+    Digests,
+    GroupOf,
+    entry_hash,
+    key_hash,
+    pair_hash,
+)
 from cluster.core.ops import ItemFields
 from cluster.core.pages import MAX_ORIGINS, Page
 
@@ -131,7 +141,7 @@ class ShardStore:
         self._hidden: dict[tuple[str, str], dict[str, list[int]]] = {}
         self.keys = 0
         self.digests = Digests(self)
-        # pages with keys changed since the last flush (``Page.dirty`` says which keys)
+        # pages with keys not yet hashed into the digests (``Page.dirty`` says which keys)
         self._dirty: dict[tuple[str, int], Page] = {}
         self._own = self._origin(own)
 
@@ -177,47 +187,49 @@ class ShardStore:
             page.insert(j, r, o)
         return page, j, r, leaf
 
-    def _mark(self, table: str, page: Page, r: int, leaf: int) -> None:
-        """Key ``r`` of the page changed: rehash it at the next ``flush_digests``."""
-        page.dirty |= 1 << r
-        self._dirty[(table, leaf)] = page
-
-    def _mark_key(self, table: str, key: str) -> None:
-        found = self._find(table, key)
-        if found is not None:
-            self._mark(table, found[0], found[1], found[2])
+    def _moved(self, table: str, key: str, page: Page, r: int, leaf: int, origin: str,
+               p0: int, n0: int, p1: int, n1: int) -> None:
+        """``origin``'s pair of the key, as applied here, went from (p0, n0) to (p1, n1): move
+        its visible pair (hidden deltas left out) in the key's hash and the digests."""
+        if self._hidden:
+            hid = self._hidden.get((table, key))
+            if hid is not None and (h := hid.get(origin)) is not None:
+                p0, n0 = max(0, p0 - h[0]), max(0, n0 - h[1])
+                p1, n1 = max(0, p1 - h[0]), max(0, n1 - h[1])
+        if p0 != p1 or n0 != n1:
+            old = page.hashes[r]
+            new = (old + pair_hash(key, origin, p1, n1) - pair_hash(key, origin, p0, n0)) & MASK
+            page.hashes[r] = new
+            self.digests.update(table, key, leaf, old, new)
 
     def apply_local(self, table: str, key: str, delta: int) -> Pair:
         """Raise this node's own pair by ``delta`` (N for a negative delta); the new pair."""
         page, j, r, leaf = self._slot(table, key, self._own)
         pn = page.pn
+        p, n = pn[2 * j], pn[2 * j + 1]
         if delta >= 0:
-            pn[2 * j] += delta
+            pn[2 * j] = p + delta
         else:
-            pn[2 * j + 1] -= delta
-        page.dirty |= 1 << r
-        self._dirty[(table, leaf)] = page
+            pn[2 * j + 1] = n - delta
+        self._moved(table, key, page, r, leaf, self.own, p, n, pn[2 * j], pn[2 * j + 1])
         return pn[2 * j], pn[2 * j + 1]
 
     def merge_pair(self, table: str, key: str, origin: str, p: int, n: int) -> bool:
         """Max-merge one origin's pair; True when it raised anything."""
         page, j, r, leaf = self._slot(table, key, self._origin(origin))
         pn = page.pn
-        changed = False
-        if p > pn[2 * j]:
-            pn[2 * j] = p
-            changed = True
-        if n > pn[2 * j + 1]:
-            pn[2 * j + 1] = n
-            changed = True
-        if changed:
-            self._mark(table, page, r, leaf)
-        return changed
+        p0, n0 = pn[2 * j], pn[2 * j + 1]
+        if p <= p0 and n <= n0:
+            return False
+        p, n = max(p, p0), max(n, n0)
+        pn[2 * j], pn[2 * j + 1] = p, n
+        self._moved(table, key, page, r, leaf, origin, p0, n0, p, n)
+        return True
 
     def merge_items(self, items: Sequence[ItemFields]) -> None:
         """``merge_pair`` for a replication batch of items (``cluster.core.ops.Item``'s fields,
         lists off the wire), with the lookups hoisted out of the loop."""
-        index, slot, mark = self._index, self._slot, self._mark
+        index, slot, moved = self._index, self._slot, self._moved
         for _op_id, table, key, origin, p, n, _delta, _ts in items:
             o = index.get(origin)
             if o is None:
@@ -225,18 +237,39 @@ class ShardStore:
             page, j, r, leaf = slot(table, key, o)
             pn = page.pn
             j *= 2
-            if p > pn[j]:
-                pn[j] = p
-                if n > pn[j + 1]:
-                    pn[j + 1] = n
-                mark(table, page, r, leaf)
-            elif n > pn[j + 1]:
-                pn[j + 1] = n
-                mark(table, page, r, leaf)
+            p0, n0 = pn[j], pn[j + 1]
+            if p > p0 or n > n0:
+                if p < p0:
+                    p = p0
+                if n < n0:
+                    n = n0
+                pn[j], pn[j + 1] = p, n
+                moved(table, key, page, r, leaf, origin, p0, n0, p, n)
 
     def own_pair(self, table: str, key: str) -> Pair:
         """This node's own pair as applied here (hidden deltas included)."""
         return self.pair(table, key, self.own, visible=False)
+
+    def _rehide(self, table: str, key: str, origin: str, before: tuple[int, int],
+                after: tuple[int, int]) -> None:
+        """The hidden part of ``origin``'s pair went from ``before`` to ``after``: its visible
+        pair moved with it (the pair as applied here did not)."""
+        found = self._find(table, key)
+        o = self._index.get(origin)
+        if found is None or o is None:
+            return  # nothing applied: (0, 0) visible either way
+        page, r, leaf = found
+        j = page.slot(r, o)
+        if j < 0:
+            return
+        p, n = page.pn[2 * j], page.pn[2 * j + 1]
+        p0, n0 = max(0, p - before[0]), max(0, n - before[1])
+        p1, n1 = max(0, p - after[0]), max(0, n - after[1])
+        if p0 != p1 or n0 != n1:
+            old = page.hashes[r]
+            new = (old + pair_hash(key, origin, p1, n1) - pair_hash(key, origin, p0, n0)) & MASK
+            page.hashes[r] = new
+            self.digests.update(table, key, leaf, old, new)
 
     def hide(self, table: str, key: str, origin: str, delta: int) -> None:
         """``delta``, applied to ``origin``'s pair, is not published: keep it out of sight."""
@@ -246,11 +279,12 @@ class ShardStore:
         pn = by_origin.get(origin)
         if pn is None:
             pn = by_origin[origin] = [0, 0]
+        before = (pn[0], pn[1])
         if delta >= 0:
             pn[0] += delta
         else:
             pn[1] -= delta
-        self._mark_key(table, key)
+        self._rehide(table, key, origin, before, (pn[0], pn[1]))
 
     def unhide(self, table: str, key: str, origin: str, delta: int) -> None:
         """``delta`` is published (or compensated): it is part of the visible pair again."""
@@ -260,20 +294,22 @@ class ShardStore:
         pn = by_origin.get(origin)
         if pn is None:
             return
+        before = (pn[0], pn[1])
         if delta >= 0:
             pn[0] -= delta
         else:
             pn[1] += delta
-        self._mark_key(table, key)
         if pn[0] <= 0 and pn[1] <= 0:
             del by_origin[origin]
             if not by_origin:
                 del self._hidden[(table, key)]
+        self._rehide(table, key, origin, before, (max(0, pn[0]), max(0, pn[1])))
 
     def clear_hidden(self) -> None:
-        for table, key in self._hidden:
-            self._mark_key(table, key)
-        self._hidden.clear()
+        hidden, self._hidden = self._hidden, {}
+        for (table, key), by_origin in hidden.items():
+            for origin, (hp, hn) in by_origin.items():
+                self._rehide(table, key, origin, (hp, hn), (0, 0))
 
     def has_hidden(self, table: str, key: str) -> bool:
         return (table, key) in self._hidden
@@ -283,11 +319,12 @@ class ShardStore:
         much (P and N only grow); the new pair."""
         page, j, r, leaf = self._slot(table, key, self._origin(origin))
         pn = page.pn
+        p, n = pn[2 * j], pn[2 * j + 1]
         if delta >= 0:
-            pn[2 * j + 1] += delta
+            pn[2 * j + 1] = n + delta
         else:
-            pn[2 * j] -= delta
-        self._mark(table, page, r, leaf)
+            pn[2 * j] = p - delta
+        self._moved(table, key, page, r, leaf, origin, p, n, pn[2 * j], pn[2 * j + 1])
         return pn[2 * j], pn[2 * j + 1]
 
     def pair(self, table: str, key: str, origin: str, *, visible: bool = True) -> Pair:
@@ -341,12 +378,7 @@ class ShardStore:
 
     def _hash(self, table: str, key: str, page: Page, r: int) -> int:
         """``cluster.core.digests.entry_hash`` of the key's visible entry, 0 when it is empty."""
-        pairs = [(o, pair) for o, pair in self._pairs(table, key, page, r).items()
-                 if pair[0] or pair[1]]
-        if not pairs:
-            return 0
-        pairs.sort()
-        return entry_hash(key, pairs) or 1  # 0 means "not indexed"
+        return entry_hash(key, self._pairs(table, key, page, r).items())
 
     def visible_hash(self, table: str, key: str) -> int | None:
         """The digest hash of ``entry(table, key)``, None when it is empty."""
@@ -363,8 +395,8 @@ class ShardStore:
         return [(name.decode(), hashes[r]) for r, name in enumerate(page.names()) if hashes[r]]
 
     def flush_digests(self, limit: int | None = None) -> int:
-        """Rehash the keys changed since the last flush into ``digests``, page by page, until
-        at least ``limit`` keys are done (all when None); how many changed keys remain."""
+        """Hash the marked keys whole into ``digests``, page by page, until at least ``limit``
+        keys are done (all when None); how many marked keys remain."""
         done = 0
         dirty = self._dirty
         while dirty and (limit is None or done < limit):
