@@ -36,6 +36,7 @@ from cluster.roles.member import Node
 log = logging.getLogger("cluster.http")
 
 MAX_HEAD = 8190  # aiohttp's max_line_size / max_field_size: a longer head is aiohttp's to refuse
+MAX_HEADERS = 128  # aiohttp's max_headers: more are aiohttp's to refuse
 _HIGH_WATER = 1 << 16  # bytes buffered past what a request needs before reading pauses
 _KNOWN = frozenset((b"host", b"content-length", b"content-type", b"accept", b"authorization",
                     b"transfer-encoding", b"expect", b"upgrade"))
@@ -155,7 +156,11 @@ class RawHttp(asyncio.Protocol):
         # what the parser's callbacks collect for the request being parsed
         self._url = b""
         self._headers: dict[bytes, bytes] = {}
+        self._count = 0
         self._odd = False  # a header this protocol leaves to aiohttp
+        self._parser: httptools.HttpRequestParser | None = None
+        self._head: tuple[bytes, str, bool, bool] | None = None  # method, version, keep-alive,
+        # upgrade: read when the headers are complete (llhttp resets them at the message's end)
 
     # -- asyncio.Protocol --------------------------------------------------------------------
 
@@ -203,11 +208,18 @@ class RawHttp(asyncio.Protocol):
         self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._count += 1
         name = name.lower()
         if name in _KNOWN:
             if name in self._headers:
                 self._odd = True  # a repeated header: which one counts is aiohttp's call
             self._headers[name] = value.strip()
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        assert parser is not None
+        self._head = (parser.get_method(), parser.get_http_version(),
+                      parser.should_keep_alive(), parser.should_upgrade())
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -230,8 +242,12 @@ class RawHttp(asyncio.Protocol):
         if self.server.closing:
             self.close()
             return
-        while buf[:1] in (b"\r", b"\n"):  # stray line ends between requests, as llhttp skips
-            del buf[:1]
+        if buf[:1] in (b"\r", b"\n"):  # stray line ends before a request, as llhttp skips
+            while buf[:1] in (b"\r", b"\n"):
+                del buf[:1]
+            if not buf and self._header_timer is None:  # a request has begun, for the clock
+                self._header_timer = asyncio.get_running_loop().call_later(
+                    self.server.header_timeout, self._too_slow)
         if not buf:
             return
         end = buf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
@@ -259,26 +275,30 @@ class RawHttp(asyncio.Protocol):
 
     def _parse(self, head: bytes) -> tuple[Request | None, int]:
         """The head's request and its body length; (None, 0) when it is aiohttp's."""
-        self._url, self._headers, self._odd = b"", {}, False
-        parser = httptools.HttpRequestParser(self)
+        self._url, self._headers, self._count, self._odd = b"", {}, 0, False
+        self._head = None
+        self._parser = parser = httptools.HttpRequestParser(self)
         try:
             parser.feed_data(head)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade):
             return None, 0
+        finally:
+            self._parser = None
         headers = self._headers
-        version = parser.get_http_version()
-        if (self._odd or version not in ("1.1", "1.0") or parser.should_upgrade()
+        if self._head is None:
+            return None, 0
+        method, version, keep_alive, upgrade = self._head
+        if (self._odd or self._count > MAX_HEADERS or version not in ("1.1", "1.0") or upgrade
                 or b"transfer-encoding" in headers or b"expect" in headers
                 or b"upgrade" in headers or (version == "1.1" and b"host" not in headers)):
             return None, 0
-        method = parser.get_method()
         req = match(method, self._url)
         if req is None:
             return None, 0
         length = int(headers.get(b"content-length", b"0"))  # llhttp checked it is a number
         if length > self.server.max_body or (length and method != b"POST"):
             return None, 0  # aiohttp answers 413 after reading past the limit; or a GET body
-        req.version, req.keep_alive = version, parser.should_keep_alive()
+        req.version, req.keep_alive = version, keep_alive
         req.ctype = headers.get(b"content-type", b"").decode("utf-8", "surrogateescape")
         req.accept = headers.get(b"accept", b"").decode("utf-8", "surrogateescape")
         auth = headers.get(b"authorization")
