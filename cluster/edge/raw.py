@@ -174,8 +174,9 @@ class RawHttp(asyncio.Protocol):
         if not self.busy:
             self._advance()
             return
-        if self._waiter is not None and len(buf) >= self._pending:
-            self._waiter.set_result(self._take())
+        waiter = self._waiter
+        if waiter is not None and not waiter.done() and len(buf) >= self._pending:
+            waiter.set_result(self._take())
         elif len(buf) > self._pending + _HIGH_WATER and not self._read_paused:
             assert self.transport is not None
             self._read_paused = True
@@ -382,10 +383,10 @@ class RawHttp(asyncio.Protocol):
         transport.write(b"".join((
             _STATUS[req.version, status], _CTYPE[mp],
             b"Content-Length: %d\r\n" % len(body), extra, _date_line(), conn, b"\r\n", body)))
+        self.busy = False
         if close:
             self.close()
             return
-        self.busy = False
         loop = asyncio.get_running_loop()
         self._last = loop.time()
         if self._idle_timer is None:
