@@ -207,7 +207,7 @@ def bench_roles(sizes: list[int], seconds: float) -> dict[str, dict[int, float]]
     replica = Replica(rstate, _NoLog(), Claims(), NodeMetrics(),  # type: ignore[arg-type]
                       clock=time.time)
     try:
-        from cluster.edge.http_api import _as_ops as edge_ops
+        from cluster.edge.routes import _as_ops as edge_ops
     except ImportError:
         def edge_ops(checked: list[Any]) -> list[Any]:
             return [op[:5] for op in checked]

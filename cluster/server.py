@@ -19,6 +19,7 @@ from cluster.core.errors import ClusterError, ConfigError
 from cluster.core.metrics import Histogram
 from cluster.edge.http_api import Edge, http_protocol, load_tokens, make_app
 from cluster.edge.listener import Listener, server_ssl
+from cluster.edge.raw import RawServer
 from cluster.roles.antientropy import antientropy_loop
 from cluster.roles.failure import heartbeat_loop
 from cluster.roles.member import Node
@@ -31,10 +32,13 @@ log = logging.getLogger("cluster.server")
 class NodeServer:
     """Owns the node, its listening socket and its background tasks (an async context manager)."""
 
-    def __init__(self, config: NodeConfig, *, ready_stream: TextIO | None = None) -> None:
+    def __init__(self, config: NodeConfig, *, ready_stream: TextIO | None = None,
+                 raw_http: bool = True) -> None:
         self.config = config
         self.node = Node(config)
         self.listener: Listener | None = None
+        self.raw_http = raw_http  # False: aiohttp serves every request (tests compare the two)
+        self.raw: RawServer | None = None
         self.ready_stream = ready_stream
         self.address: tuple[str, int] | None = None
         self._runner: web.AppRunner | None = None
@@ -93,14 +97,18 @@ class NodeServer:
             header_timeout=cfg.header_timeout,
             max_connections_per_client=cfg.max_connections_per_client)
         tokens = load_tokens(cfg.token_file) if cfg.token_file else frozenset()
-        app = make_app(self.node, Edge(listener, self.node.auth, tokens))
-        self._runner = web.AppRunner(app, handle_signals=False, access_log=None,
-                                     shutdown_timeout=cfg.drain_timeout,
+        edge = Edge(listener, self.node.auth, tokens)
+        # after an early answer (413, 408) keep reading what the client still sends for at most
+        # this long, then close
+        lingering_time = min(cfg.body_timeout, 1.0)
+        self._runner = web.AppRunner(make_app(self.node, edge), handle_signals=False,
+                                     access_log=None, shutdown_timeout=cfg.drain_timeout,
                                      keepalive_timeout=cfg.idle_timeout,
-                                     # after an early answer (413, 408) keep reading what the
-                                     # client still sends for at most this long, then close
-                                     lingering_time=min(cfg.body_timeout, 1.0))
+                                     lingering_time=lingering_time)
         await self._runner.setup()
+        if self.raw_http:  # the hot routes without aiohttp; the rest is handed to the app
+            self.raw = RawServer(self.node, edge, listener, lingering_time=lingering_time)
+            listener.raw_factory = self.raw.protocol
         loop = asyncio.get_running_loop()
         host, port = cfg.listen
         try:
@@ -189,8 +197,10 @@ class NodeServer:
         """Stop accepting, let in-flight requests finish (drain_timeout), flush the log, close."""
         if self._server is not None:
             self._server.close()
+        drains = [self.raw.drain(self.config.drain_timeout)] if self.raw is not None else []
         if self._runner is not None:
-            await self._runner.cleanup()
+            drains.append(self._runner.cleanup())
+        await asyncio.gather(*drains)
         await _cancel_all(self._tasks)
         close_all(self._inbound)
         await self.node.close()
@@ -203,6 +213,8 @@ class NodeServer:
         connection (HTTP ones included) closed."""
         if self._server is not None:
             self._server.close()
+        if self.raw is not None:
+            self.raw.abort()
         http = self._runner.server if self._runner is not None else None
         for conn in http.connections if http is not None else ():
             conn.force_close()

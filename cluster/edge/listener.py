@@ -3,13 +3,15 @@
 ``PortMux`` reads a connection's first bytes: ``wire.MAGIC`` makes it a peer connection
 (``cluster.transport.peer``, authenticated by ``cluster.transport.auth``), anything else an HTTP
 one. Either kind is counted against its client address (``max_connections_per_client``: the next
-one is closed, an HTTP one after a 429). An HTTP connection is watched by ``HttpGuard``: once a
-request's first byte has arrived, its headers must be complete within ``header_timeout``
-(slowloris), else 408 and close; a peer connection's HELLO must check out within the same time.
-The body's own deadline and the idle keep-alive timeout are enforced in
-``cluster.edge.http_api`` and by aiohttp. With ``tls_cert``/``tls_key`` the whole port speaks
-TLS and the sniffing happens on the decrypted bytes, so clients and peers share one encrypted
-port.
+one is closed, an HTTP one after a 429). An HTTP connection goes to the raw protocol
+(``cluster.edge.raw``, when ``raw_factory`` is set), which serves the hot routes and enforces the
+deadlines itself, and hands the connection to aiohttp's protocol, watched by ``HttpGuard``, at
+the first request it does not serve. Once a request's first byte has arrived, its headers must
+be complete within ``header_timeout`` (slowloris), else 408 and close; a peer connection's HELLO
+must check out within the same time. On aiohttp's side the body's own deadline and the idle
+keep-alive timeout are enforced in ``cluster.edge.http_api`` and by aiohttp. With
+``tls_cert``/``tls_key`` the whole port speaks TLS and the sniffing happens on the decrypted
+bytes, so clients and peers share one encrypted port.
 """
 
 from __future__ import annotations
@@ -107,12 +109,7 @@ class HttpGuard(asyncio.Protocol):
 
     def _too_slow(self) -> None:
         self._timer = None
-        self.listener.stats.refuse("header_timeout", self.client)
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(http_error(RequestTimeout(
-                f"request headers not complete within {self.listener.header_timeout:g} s",
-                code="request_timeout")))
-            self.transport.close()
+        self.listener.too_slow(self.client, self.transport)
 
 
 class Listener:
@@ -122,6 +119,9 @@ class Listener:
                  peers: set[asyncio.Protocol], *, auth: PeerAuth | None = None,
                  header_timeout: float = 10.0, max_connections_per_client: int = 256) -> None:
         self.http_factory = http_factory
+        # the raw protocol's factory (``cluster.edge.raw``), given the client's address; None:
+        # every HTTP connection goes to aiohttp's protocol at once
+        self.raw_factory: Callable[[str], asyncio.Protocol] | None = None
         self.peer_handler = peer_handler
         self.peers = peers
         self.auth = auth
@@ -170,10 +170,26 @@ class Listener:
         if client is None:
             return None
         self.stats.open_connections += 1
+        if self.raw_factory is not None:
+            return self.raw_factory(client)
+        return self.guarded(client)
+
+    def guarded(self, client: str) -> HttpGuard:
+        """aiohttp's protocol, guarded, for a connection already counted against ``client``: a
+        new one, or one the raw protocol hands over."""
         inner = self.http_factory()
         guard = HttpGuard(inner, self, client)
         self._guards[inner] = guard
         return guard
+
+    def too_slow(self, client: str, transport: asyncio.Transport | None) -> None:
+        """A request's headers missed ``header_timeout``: count it, answer 408, close."""
+        self.stats.refuse("header_timeout", client)
+        if transport is not None and not transport.is_closing():
+            transport.write(http_error(RequestTimeout(
+                f"request headers not complete within {self.header_timeout:g} s",
+                code="request_timeout")))
+            transport.close()
 
     def _admit(self, transport: asyncio.Transport, refusal: bytes | None) -> str | None:
         """Count a connection against its client address; None (after ``refusal``, and closed)
@@ -197,8 +213,12 @@ class Listener:
     def released(self, guard: HttpGuard) -> None:
         if self._guards.pop(guard.inner, None) is None:
             return
+        self.released_raw(guard.client)
+
+    def released_raw(self, client: str) -> None:
+        """A connection closed while the raw protocol had it (not handed over)."""
         self.stats.open_connections -= 1
-        self._release(guard.client)
+        self._release(client)
 
     def guard_of(self, protocol: object) -> HttpGuard | None:
         return self._guards.get(protocol)

@@ -1,0 +1,216 @@
+"""What the client routes answer, apart from the HTTP server that carries them.
+
+The aiohttp app (``cluster.edge.http_api``) and the raw protocol (``cluster.edge.raw``) call the
+same functions, so a request gets the same answer whichever path it took: each takes the route's
+inputs as plain values (the body as a reader, so names are checked before a slow body is waited
+for, as they always were) and returns the encoded 200 body, or raises a ``ClusterError`` that
+``refusal`` turns into the contract's error shape.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from cluster.core.errors import (
+    BadRequest,
+    ClusterError,
+    ConfigError,
+    OpExpired,
+    RequestTimeout,
+    Unauthorized,
+    Unavailable,
+)
+from cluster.core.metrics import NodeMetrics
+from cluster.core.ops import Op
+from cluster.edge.listener import Listener
+from cluster.edge.validate import (
+    CheckedOp,
+    check_batch,
+    check_consistency,
+    check_name,
+    check_op,
+    decode_body,
+    is_msgpack,
+)
+from cluster.roles.admission import expired, stale_after_ms
+from cluster.roles.member import Node
+from cluster.transport.auth import PeerAuth
+from cluster.transport.wire import Status
+
+OPEN_ROUTES = ("health", "ready", "openapi")  # answered without a token (probes, discovery)
+WWW_AUTHENTICATE = 'Bearer realm="idemcount"'
+
+BodyReader = Callable[[], Awaitable[bytes]]  # the whole body, or a ClusterError (408, 413)
+
+
+class Edge:
+    """What the API needs from the node's edge: the listener (slow-client guard and its
+    counters), the peer authentication counters, and the bearer tokens (none: no token)."""
+
+    def __init__(self, listener: Listener | None = None, auth: PeerAuth | None = None,
+                 tokens: frozenset[str] = frozenset()) -> None:
+        self.listener = listener
+        self.auth = auth
+        self.tokens = tokens
+
+    def authorized(self, header: str | None) -> bool:
+        if not self.tokens:
+            return True
+        scheme, _, token = (header or "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            return False
+        # compare against every token, always: how long it takes tells nothing about which
+        given = token.strip().encode("utf-8", "surrogateescape")  # any bytes a client sent
+        return sum(hmac.compare_digest(given, t.encode()) for t in self.tokens) > 0
+
+    def check_token(self, route: str, header: str | None) -> None:
+        """Raise ``Unauthorized`` when ``route`` needs a token and ``header`` carries none
+        that this node accepts."""
+        if self.tokens and route not in OPEN_ROUTES and not self.authorized(header):
+            raise Unauthorized("this node needs 'Authorization: Bearer <token>'")
+
+
+def load_tokens(path: str) -> frozenset[str]:
+    """The bearer tokens a node accepts: one per non-empty line (two during a rotation)."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"token_file: cannot read {path}: {exc}") from exc
+    tokens = frozenset(line.strip() for line in text.splitlines() if line.strip())
+    if not tokens or any(len(t) < 16 for t in tokens):
+        raise ConfigError(f"token_file: {path} needs one or more tokens of 16+ characters")
+    return tokens
+
+
+_APPLIED, _DUPLICATE = int(Status.APPLIED), int(Status.DUPLICATE)
+_UNAVAILABLE, _EXPIRED = int(Status.UNAVAILABLE), int(Status.EXPIRED)
+
+_RESULTS: dict[int, dict[str, Any]] = {
+    _APPLIED: {"applied": True},
+    _DUPLICATE: {"applied": False, "duplicate": True},
+    _UNAVAILABLE: {"applied": False, "status": 503,
+                   "error": {"code": "unavailable",
+                             "message": "write quorum not met in time; retry with the same op_id"}},
+    _EXPIRED: {"applied": False, "status": 410,
+               "error": {"code": "op_expired",
+                         "message": "op older than the dedup window; outcome unknown"}},
+}
+_RESULTS[int(Status.ERROR)] = _RESULTS[_UNAVAILABLE]
+_OVERFLOW = int(Status.OVERFLOW)
+_OVERFLOW_MESSAGE = "the counter's entry on its leader would pass 2^64 - 1; not applied"
+_RESULTS[_OVERFLOW] = {"applied": False, "status": 400,
+                       "error": {"code": "counter_overflow", "message": _OVERFLOW_MESSAGE}}
+_JSON_RESULTS = {k: json.dumps(v, separators=(",", ":")).encode() for k, v in _RESULTS.items()}
+_MSGPACK_RESULTS = {k: msgpack.packb(v) for k, v in _RESULTS.items()}
+
+
+def wants_msgpack(accept: str, content_type: str) -> bool:
+    """Replies follow ``Accept``; without one, the request's own body type."""
+    if accept:
+        return "msgpack" in accept
+    return is_msgpack(content_type)
+
+
+def encode(payload: Any, mp: bool) -> bytes:
+    if mp:
+        return msgpack.packb(payload)
+    return json.dumps(payload, separators=(",", ":")).encode()
+
+
+def refusal(metrics: NodeMetrics, exc: ClusterError) -> tuple[dict[str, Any], bool, bool]:
+    """A refused request's error body, whether its answer carries ``WWW-Authenticate``
+    (401), and whether the connection is closed after it (408: the rest of a slow body is not
+    worth waiting for); counts the refusal in ``metrics``."""
+    if isinstance(exc, BadRequest):
+        metrics.bad_requests += 1
+    unauthorized = isinstance(exc, Unauthorized)
+    if unauthorized:
+        metrics.unauthorized += 1
+    return exc.to_dict(), unauthorized, isinstance(exc, RequestTimeout)
+
+
+def _expired(node: Node, op: CheckedOp) -> bool:
+    table, _key, _op_id, _delta, _attempt, age_ms = op
+    return expired(node.state.window(table), age_ms)
+
+
+def _as_ops(checked: list[CheckedOp]) -> list[Op]:
+    """The ops to submit: each checked op without its ``age_ms`` (see ``_births``)."""
+    return [Op._make(op[:5]) for op in checked]
+
+
+def _births(node: Node, checked: list[CheckedOp]) -> list[float]:
+    """When the client first sent each op (this node's wall clock less its ``age_ms``): the
+    leader refuses a retry once it is older than the window, however long it took to reach it
+    (``cluster.roles.coordinator``)."""
+    now = node.clock()
+    return [now - op[5] / 1000.0 for op in checked]
+
+
+async def post_counter(node: Node, table: str, key: str, read: BodyReader, content_type: str,
+                       mp: bool) -> bytes:
+    """``POST /v1/counters/{table}/{key}``: one op."""
+    cfg = node.config
+    table = check_name(table, "table")
+    key = check_name(key, "key")
+    op = check_op(decode_body(await read(), content_type, max_depth=cfg.max_nesting_depth),
+                  table, key, max_op_id_bytes=cfg.max_op_id_bytes,
+                  max_depth=cfg.max_nesting_depth,
+                  max_clock_skew_ms=int(cfg.max_clock_skew * 1000),
+                  stale_after_ms=stale_after_ms(cfg))
+    if _expired(node, op):
+        node.metrics.expired += 1
+        age_ms = op[5]
+        raise OpExpired(f"op is {age_ms} ms old; this node recognises retries for "
+                        f"{node.state.window(table):g} s")
+    status = (await node.submit(_as_ops([op]), _births(node, [op])))[0]
+    if status == _EXPIRED:
+        raise OpExpired(f"op became older than the dedup window ({node.state.window(table):g} s) "
+                        "before its leader could apply it; outcome unknown")
+    if status == _UNAVAILABLE or status == int(Status.ERROR):
+        raise Unavailable("write quorum not met in time; retry with the same op_id")
+    if status == _OVERFLOW:
+        raise BadRequest(_OVERFLOW_MESSAGE, code="counter_overflow")
+    return _MSGPACK_RESULTS[status] if mp else _JSON_RESULTS[status]
+
+
+async def post_batch(node: Node, read: BodyReader, content_type: str, mp: bool) -> bytes:
+    """``POST /v1/batch``: one result per op, in order."""
+    cfg = node.config
+    ops = check_batch(decode_body(await read(), content_type, max_depth=cfg.max_nesting_depth),
+                      max_ops=cfg.max_batch_ops, max_op_id_bytes=cfg.max_op_id_bytes,
+                      max_depth=cfg.max_nesting_depth,
+                      max_clock_skew_ms=int(cfg.max_clock_skew * 1000),
+                      stale_after_ms=stale_after_ms(cfg))
+    statuses = [_EXPIRED] * len(ops)
+    live = [i for i, op in enumerate(ops) if not _expired(node, op)]
+    node.metrics.expired += len(ops) - len(live)
+    if len(live) == len(ops):
+        statuses = await node.submit(_as_ops(ops), _births(node, ops)) if ops else []
+    elif live:
+        sub = [ops[i] for i in live]
+        for i, s in zip(live, await node.submit(_as_ops(sub), _births(node, sub)), strict=True):
+            statuses[i] = s
+    if mp:
+        return msgpack.packb({"results": [_RESULTS[s] for s in statuses]})
+    return b'{"results":[' + b",".join([_JSON_RESULTS[s] for s in statuses]) + b"]}"
+
+
+async def get_counter(node: Node, table: str, key: str, consistency: str | None,
+                      mp: bool) -> bytes:
+    """``GET /v1/counters/{table}/{key}?consistency=...``."""
+    table = check_name(table, "table")
+    key = check_name(key, "key")
+    value = await node.read(table, key, check_consistency(consistency))
+    return encode({"value": value}, mp)
+
+
+def health(node: Node, mp: bool) -> bytes:
+    """``GET /v1/health``."""
+    return encode(node.health(), mp)
