@@ -71,6 +71,7 @@ counts = st.integers(0, 200)
 
 steps = st.one_of(
     st.tuples(st.just("apply"), tables, keys, deltas),
+    st.tuples(st.just("apply_hidden"), tables, keys, deltas),
     st.tuples(st.just("merge_pair"), tables, keys, origins, counts, counts),
     st.tuples(st.just("merge_items"), st.lists(st.tuples(tables, keys, origins, counts, counts),
                                                max_size=5)),

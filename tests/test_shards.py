@@ -132,3 +132,22 @@ def test_hidden_deltas_stay_out_of_the_entry_but_not_out_of_the_next_pair() -> N
     s.hide("t", "k", "n0@1", -4)  # an older origin's unpublished decrement
     s.compensate("t", "k", "n0@1", -4)
     assert s.pair("t", "k", "n0@1") == (4, 0) and s.pair("t", "k", "n0@1", visible=False) == (4, 0)
+
+
+@given(st.lists(st.integers(-1000, 1000), max_size=20))
+def test_apply_hidden_is_apply_then_hide(deltas: list[int]) -> None:
+    """A leader's new op: the pair is raised, the visible entry and its hash are not."""
+    a, b = ShardStore("n1"), ShardStore("n1")
+    a.apply_local("t", "k", 7)
+    b.apply_local("t", "k", 7)
+    for d in deltas:
+        assert a.apply_hidden("t", "k", d) == b.apply_local("t", "k", d)
+        b.hide("t", "k", "n1", d)
+    assert a.entry("t", "k") == b.entry("t", "k") == CounterEntry({"n1": (7, 0)})
+    assert a.visible_hash("t", "k") == b.visible_hash("t", "k")
+    assert a.digests.sums() == b.digests.sums()
+    for d in deltas:
+        a.unhide("t", "k", "n1", d)
+        b.unhide("t", "k", "n1", d)
+    assert a.entry("t", "k") == b.entry("t", "k") and a.digests.sums() == b.digests.sums()
+    assert a.own_pair("t", "k") == b.own_pair("t", "k")

@@ -214,6 +214,25 @@ class ShardStore:
         self._moved(table, key, page, r, leaf, self.own, p, n, pn[2 * j], pn[2 * j + 1])
         return pn[2 * j], pn[2 * j + 1]
 
+    def apply_hidden(self, table: str, key: str, delta: int) -> Pair:
+        """``apply_local`` and ``hide`` of the same delta at once (a leader's new op): the
+        visible entry, hence every hash, stays as it was. The new pair."""
+        page, j, _r, _leaf = self._slot(table, key, self._own)
+        pn = page.pn
+        by_origin = self._hidden.get((table, key))
+        if by_origin is None:
+            by_origin = self._hidden[(table, key)] = {}
+        hid = by_origin.get(self.own)
+        if hid is None:
+            hid = by_origin[self.own] = [0, 0]
+        if delta >= 0:
+            pn[2 * j] += delta
+            hid[0] += delta
+        else:
+            pn[2 * j + 1] -= delta
+            hid[1] -= delta
+        return pn[2 * j], pn[2 * j + 1]
+
     def merge_pair(self, table: str, key: str, origin: str, p: int, n: int) -> bool:
         """Max-merge one origin's pair; True when it raised anything."""
         page, j, r, leaf = self._slot(table, key, self._origin(origin))
@@ -299,11 +318,13 @@ class ShardStore:
             pn[0] -= delta
         else:
             pn[1] += delta
+        after = (pn[0], pn[1])
         if pn[0] <= 0 and pn[1] <= 0:
             del by_origin[origin]
             if not by_origin:
                 del self._hidden[(table, key)]
-        self._rehide(table, key, origin, before, (max(0, pn[0]), max(0, pn[1])))
+            after = (0, 0)
+        self._rehide(table, key, origin, before, after)
 
     def clear_hidden(self) -> None:
         hidden, self._hidden = self._hidden, {}

@@ -196,7 +196,7 @@ class Leader:
         ``Item``, which names its fields)."""
         me, now = self.state.shards.own, self.clock()
         dups = self.state.seen_or_add_ops(ops)
-        apply_local = self.state.shards.apply_local
+        apply_hidden = self.state.shards.apply_hidden
         targets_of = self.targets_of
         inflight, pending, hold = self._inflight, self.state.pending, self.state.hold
         statuses: list[int] = []
@@ -215,12 +215,12 @@ class Leader:
                     confirms.append((len(statuses), (table, key, op_id)))
                 statuses.append(_DUPLICATE)
                 continue
-            p, n = apply_local(table, key, delta)
+            p, n = apply_hidden(table, key, delta)  # unpublished: hidden until its quorum acks
             statuses.append(_APPLIED)
             targets = targets_of(table, key)
             item = [op_id, table, key, me, p, n, delta, now]  # an Item's fields
             applied.append(item)
-            hold(item)  # unpublished: hidden from everyone else until its quorum acks
+            hold(item, hidden=True)
             group = groups.get(targets)
             if group is None:
                 groups[targets] = [item]

@@ -65,8 +65,9 @@ class NodeState:
 
     # -- unpublished ops ---------------------------------------------------------------------
 
-    def hold(self, item: ItemFields) -> None:
-        """An op this node just applied as leader: unpublished (and hidden) until released."""
+    def hold(self, item: ItemFields, *, hidden: bool = False) -> None:
+        """An op this node just applied as leader: unpublished (and hidden) until released.
+        ``hidden``: its delta is hidden already (``ShardStore.apply_hidden``)."""
         op_id, table, key, origin, _p, _n, delta, _ts = item
         self.pending[op_id] = item
         k = (table, key, origin)
@@ -74,7 +75,8 @@ class NodeState:
         if ids is None:
             ids = self._by_key[k] = {}
         ids[op_id] = None
-        self.shards.hide(table, key, origin, delta)
+        if not hidden:
+            self.shards.hide(table, key, origin, delta)
 
     def release(self, op_id: str) -> ItemFields | None:
         """The op is published or withdrawn: visible (or compensated) from now on. Its item."""

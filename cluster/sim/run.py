@@ -210,14 +210,16 @@ async def _main(opts: Options, world: World, history: History, nemesis: _Nemesis
 
 @contextlib.contextmanager
 def _broken(breaks: tuple[str, ...]) -> Iterator[None]:
-    """``hide``: unpublished deltas become visible at once (``ShardStore.hide`` a no-op)."""
-    saved = ShardStore.hide
+    """``hide``: unpublished deltas become visible at once (``ShardStore.hide`` a no-op, and
+    ``apply_hidden`` a plain ``apply_local``)."""
+    saved = ShardStore.hide, ShardStore.apply_hidden
     if "hide" in breaks:
         ShardStore.hide = lambda self, table, key, origin, delta: None  # type: ignore[method-assign]
+        ShardStore.apply_hidden = ShardStore.apply_local  # type: ignore[method-assign]
     try:
         yield
     finally:
-        ShardStore.hide = saved  # type: ignore[method-assign]
+        ShardStore.hide, ShardStore.apply_hidden = saved  # type: ignore[method-assign]
 
 
 def run_seed(opts: Options) -> Result:
