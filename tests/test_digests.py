@@ -247,3 +247,16 @@ def test_one_group_costs_nothing_to_choose() -> None:
     store.group_digests("ring", None)
     assert store.digests is kept and store.digests.owner == "ring"
     assert store.digest_pending == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(steps, max_size=20), st.lists(steps, max_size=20))
+def test_a_bulk_load_ends_with_the_digests_of_a_full_pass(before: list[tuple[Any, ...]],
+                                                         during: list[tuple[Any, ...]]) -> None:
+    """Changes made while ``loading`` (a log replay) move no hash; the pass after catches up."""
+    store = run(ShardStore("n1"), before)
+    with store.loading():
+        store = run(store, [op for op in during if op[0] not in ("snapshot", "flush")])
+    assert store.flush_digests() == 0
+    assert {t: s for t, s in store.digests.sums().items() if any(s)} == \
+        {t: s for t, s in scratch(store)[0].items() if any(s)}

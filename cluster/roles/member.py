@@ -205,19 +205,20 @@ class Node:
             self.state.load_blob(blob)
         count = 0
         replay, pending = self.state.replay, dict(self.state.pending)
-        for rec in self.log.replay():
-            kind = rec.kind
-            if kind in (APPLY, REPLICA, WITHDRAW):
-                replay(rec.op_id, rec.table, rec.key, rec.origin, rec.p, rec.n, rec.ts)
-                count += 1
-            if kind == APPLY:  # the item it logged (the other way round from record_fields)
-                pending[rec.op_id] = Item(rec.op_id, rec.table, rec.key, rec.origin, rec.p,
-                                          rec.n, rec.delta, rec.ts)
-            elif kind in (PUBLISHED, WITHDRAW):
-                pending.pop(rec.op_id, None)
-                if kind == WITHDRAW:
-                    self.state.withdrawn[rec.op_id] = rec.ts
-        self.state.set_pending(list(pending.values()))  # unpublished: hidden until settled
+        with self.state.shards.loading():  # digests: one whole pass after, in steps
+            for rec in self.log.replay():
+                kind = rec.kind
+                if kind in (APPLY, REPLICA, WITHDRAW):
+                    replay(rec.op_id, rec.table, rec.key, rec.origin, rec.p, rec.n, rec.ts)
+                    count += 1
+                if kind == APPLY:  # the item it logged (the other way round from record_fields)
+                    pending[rec.op_id] = Item(rec.op_id, rec.table, rec.key, rec.origin, rec.p,
+                                              rec.n, rec.delta, rec.ts)
+                elif kind in (PUBLISHED, WITHDRAW):
+                    pending.pop(rec.op_id, None)
+                    if kind == WITHDRAW:
+                        self.state.withdrawn[rec.op_id] = rec.ts
+            self.state.set_pending(list(pending.values()))  # unpublished: hidden until settled
         self.metrics.replayed = count
         if count or blob is not None:  # a restart: others may have led our keys meanwhile
             self._degraded_until = self.monotonic() + self.config.window
