@@ -9,7 +9,9 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
+import traceback
 from typing import Any, TextIO
 
 from aiohttp import web
@@ -228,12 +230,37 @@ class NodeServer:
 
 async def lag_loop(histogram: Histogram, interval: float = 0.1) -> None:
     """Observe how late a timer of ``interval`` fires: every stall of the event loop (a long
-    synchronous step) shows as a late wake-up. Ten wake-ups a second cost next to nothing."""
+    synchronous step) shows as a late wake-up. Ten wake-ups a second cost next to nothing.
+    With ``IDC_STALL_TRACE=<file>`` a watcher thread also writes the loop thread's stack to
+    ``<file>`` whenever the loop is stuck 50 ms past a wake-up: what the stall was."""
     loop = asyncio.get_running_loop()
+    beat = [time.monotonic()]
+    trace = os.environ.get("IDC_STALL_TRACE")
+    if trace:
+        threading.Thread(target=_watch_stalls, args=(beat, interval, trace,
+                                                     threading.get_ident()),
+                         name="stall-watch", daemon=True).start()
     while True:
         due = loop.time() + interval
         await asyncio.sleep(interval)
         histogram.observe(max(0.0, loop.time() - due))
+        beat[0] = time.monotonic()
+
+
+def _watch_stalls(beat: list[float], interval: float, path: str, loop_thread: int,
+                  threshold: float = 0.05) -> None:
+    """Sample the loop thread's stack while it is stuck (a diagnostic: ``lag_loop``)."""
+    reported = 0.0
+    while True:
+        time.sleep(threshold / 2)
+        late = time.monotonic() - beat[0] - interval
+        if late > threshold and beat[0] != reported:
+            reported = beat[0]
+            frame = sys._current_frames().get(loop_thread)
+            stack = "".join(traceback.format_stack(frame)[-14:]) if frame else "?\n"
+            with open(path, "a") as f:
+                f.write(f"--- pid {os.getpid()} stuck {late * 1e3:.0f} ms at {time.time():.3f}\n"
+                        f"{stack}")
 
 
 def _why(exc: OSError, path: str | None = None) -> str:

@@ -227,38 +227,50 @@ class SnapshotCut:
         self._head: dict[str, Any] = {
             "version": SNAPSHOT_VERSION,
             "node": state.config.node_id,
-            "dedup": {table: d.to_bytes() for table, d in state.dedups.items()},
             "in_doubt": [tuple(item) for item in state.pending.values()],
             "withdrawn": {k: t for k, t in state.withdrawn.items()
                           if t > now - 2 * state.config.window},
         }
+        # one consistent copy of each dedup, as the parts of its ``to_bytes`` (a 16 MB filter's
+        # words copied once, not packed and re-packed on the loop)
+        self._dedup = {table: _dedup_parts(d) for table, d in state.dedups.items()}
         self._chunks = state.shards.dump_chunks(self.CHUNK_PAGES)
 
-    def _parts(self, chunks: list[bytes]) -> list[bytes]:
+    def _parts(self, chunks: list[bytes]) -> list[bytes | memoryview]:
         """The blob, ``msgpack`` of the snapshot's map with the shards (``ShardStore.to_bytes``:
         a map holding the list of chunks) as bytes, in parts that join into exactly that,
         without copying the chunks: a whole-blob copy would hold the GIL for ~100 ms at 1M
         counters. bin 32 headers throughout (any msgpack reader takes them)."""
         pack = msgpack.Packer().pack
-        inner = [b"\x81", pack("chunks"), _array_header(len(chunks))]
+        inner: list[bytes | memoryview] = [b"\x81", pack("chunks"), _array_header(len(chunks))]
         for chunk in chunks:
             inner += (_bin_header(len(chunk)), chunk)
         head = self._head
-        out = [_map_header(len(head) + 1)]
+        out: list[bytes | memoryview] = [_map_header(len(head) + 2)]
         for k, v in head.items():
             out += (pack(k), pack(v))
         out += (pack("shards"), _bin_header(sum(map(len, inner))), *inner)
+        out += (pack("dedup"), _map_header(len(self._dedup)))
+        for table, parts in self._dedup.items():
+            out += (pack(table), _bin_header(sum(map(len, parts))), *parts)
         return out
 
     def finish_now(self) -> bytes:
         return b"".join(self._parts(list(self._chunks)))
 
-    async def finish(self) -> list[bytes]:
+    async def finish(self) -> list[bytes | memoryview]:
         chunks: list[bytes] = []
         for chunk in self._chunks:
             chunks.append(chunk)
             await asyncio.sleep(0)  # let the loop run between chunks
         return self._parts(chunks)
+
+
+def _dedup_parts(d: Any) -> list[bytes | memoryview]:
+    """``d.to_bytes()`` in parts: a strategy holding a large buffer (the FBF) gives a copy of
+    it as is (``snapshot_parts``); the others are small enough to encode whole."""
+    parts = getattr(d, "snapshot_parts", None)
+    return list(parts()) if parts is not None else [d.to_bytes()]
 
 
 def _bin_header(n: int) -> bytes:

@@ -64,7 +64,7 @@ def _read_snapshot(path: Path, seq: int) -> bytes:
     return bytes(blob)
 
 
-def _write_snapshot_file(directory: Path, seq: int, blob: bytes | Sequence[bytes],
+def _write_snapshot_file(directory: Path, seq: int, blob: bytes | Sequence[bytes | memoryview],
                          fsync: bool) -> Path:
     """Atomic: a crash leaves either no snapshot-<seq>.snap or a complete one. ``blob`` may come
     in parts, written one after the other (no copy of the whole: zlib and the writes release

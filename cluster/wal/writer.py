@@ -65,7 +65,7 @@ class SnapshotCut(Protocol):
     """A snapshot taken at the rotation instant and finished later (``write_snapshot``): its
     blob, or the parts whose concatenation is the blob (written without joining them)."""
 
-    async def finish(self) -> bytes | Sequence[bytes]: ...
+    async def finish(self) -> bytes | Sequence[bytes | memoryview]: ...
 
 
 class DurableLog:
@@ -385,7 +385,7 @@ class DurableLog:
             rotation = _Rotation(self._loop.create_future())
             self._enqueue(rotation)
             seq = await rotation.future
-            blob: bytes | Sequence[bytes]
+            blob: bytes | Sequence[bytes | memoryview]
             if isinstance(made, bytes | bytearray | memoryview):
                 blob = bytes(made)
             else:
