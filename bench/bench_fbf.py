@@ -18,7 +18,7 @@ import numpy as np
 from bitarray import bitarray
 
 from cluster.core.bloom import BloomFilter
-from cluster.core.fbf import ForgetfulBloomFilter
+from cluster.core.fbf import ForgetfulBloomFilter, hotpath
 
 
 def _best(fn: Callable[[], object], repeat: int) -> float:
@@ -150,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = per_op(n, repeat)
     rows.update(batch(n * 5, 10_000, repeat))
     base = rows["bloom add"]
+    why = f" ({hotpath.KERNEL_REASON})" if hotpath.KERNEL_REASON else ""
+    print(f"fbf hot path: {hotpath.KERNEL}{why}")
     print(f"{'per id (us)':40s} {'us':>8s} {'x bloom':>8s}")
     for name, us in rows.items():
         print(f"{name:40s} {us:8.3f} {us / base:8.2f}")
