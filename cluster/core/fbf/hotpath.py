@@ -146,11 +146,11 @@ class NumpyPath:
 def _load() -> tuple[Any, str]:
     """The kernel's class, or None and why not."""
     if os.environ.get(ENV, "").strip().lower() in ("0", "false", "no", "off"):
-        return None, f"{ENV}=0"
+        return None, f"switched off ({ENV}=0)"
     try:
         mod = importlib.import_module("cluster.core.fbf._kernel")
     except ImportError as exc:
-        return None, f"not built ({exc})"
+        return None, f"not built ({exc}; `pip install -e .` builds it where a C compiler is)"
     check = mod.Kernel(np.zeros(8, np.uint8), 3, 3, SEED)
     for item in (b"", b"x", b"client-7:42", bytes(range(15)), bytes(range(16)), bytes(range(47))):
         if check.hash_pair(item) != hash_pair(item):
