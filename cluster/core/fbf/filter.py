@@ -105,6 +105,7 @@ class ForgetfulBloomFilter(Estimates):
         self._nf = nfilters
         self._words = words
         self._hot = hotpath.make(words, self.k, nfilters, self._hash, self._kernel)
+        self._hot_add = self._hot.add  # bound once: add() is the hottest call
         # below this many ids a batch loops add(): the scalar walk costs ~0.4 us a hash, numpy
         # ~50 us a call, so the crossover falls near 100/k ids. The kernel keeps the same
         # crossover, although it would not need one: a loop checks each id against the ids
@@ -174,7 +175,7 @@ class ForgetfulBloomFilter(Estimates):
         (present, past...) pair, or the oldest past alone."""
         if self._clock() >= self._next_refresh:
             self._catch_up()
-        if self._hot.add(item):
+        if self._hot_add(item):
             self._pending += 1
             return True
         return False
