@@ -114,7 +114,7 @@ cdef class Kernel:
             y += i
         return w
 
-    cdef void _hash(self, item, uint64_t *h1, uint64_t *h2) except *:
+    cdef int _hash(self, item, uint64_t *h1, uint64_t *h2) except -1:
         cdef const unsigned char[::1] mv
         if PyBytes_CheckExact(item):
             idc_murmur3_x64_128(PyBytes_AS_STRING(item), <size_t>PyBytes_GET_SIZE(item),
@@ -126,6 +126,7 @@ cdef class Kernel:
             else:
                 idc_murmur3_x64_128(&mv[0], <size_t>mv.shape[0], self._seed, h1, h2)
         h2[0] |= 1
+        return 0
 
     def hash_pair(self, item):
         """``cluster.core.hashing.hash_pair``, computed here (the import-time self-check)."""
@@ -181,13 +182,9 @@ cdef class Kernel:
         cdef Py_ssize_t i, n = len(seq)
         for i in range(n):
             it = seq[i]
+            self._hash(it, &hs[2 * i], &hs[2 * i + 1])
             if not PyBytes_CheckExact(it):
-                self._hash(it, &hs[2 * i], &hs[2 * i + 1])  # refuses what mmh3 refuses
-                seq[i] = memoryview(it).tobytes()  # for the comparison of repeats
-            else:
-                idc_murmur3_x64_128(PyBytes_AS_STRING(it), <size_t>PyBytes_GET_SIZE(it),
-                                    self._seed, &hs[2 * i], &hs[2 * i + 1])
-                hs[2 * i + 1] |= 1
+                seq[i] = memoryview(it).tobytes()  # bytes, for the comparison of repeats
         return seq
 
     cdef void _positions(self, const uint64_t *hs, Py_ssize_t i, uint64_t *pos) noexcept nogil:
