@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = per_op(n, repeat)
     rows.update(batch(n * 5, 10_000, repeat))
     base = rows["bloom add"]
-    why = f" ({hotpath.KERNEL_REASON})" if hotpath.KERNEL_REASON else ""
+    why = f": {hotpath.KERNEL_REASON}" if hotpath.KERNEL_REASON else ""
     print(f"fbf hot path: {hotpath.KERNEL}{why}")
     print(f"{'per id (us)':40s} {'us':>8s} {'x bloom':>8s}")
     for name, us in rows.items():
