@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint bench figures clean sim
 
-$(STAMP): pyproject.toml
+# setup.py and the kernel's sources too: an editable install compiles the FBF kernel once
+$(STAMP): pyproject.toml setup.py cluster/core/fbf/_kernel.pyx cluster/core/fbf/_murmur3.h
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test,bench]'

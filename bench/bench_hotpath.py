@@ -48,6 +48,11 @@ import cluster.wal as wal
 from cluster.core.dedup import make_dedup
 from cluster.wal import DurableLog, LogRecord, make_record
 
+try:
+    from cluster.core.fbf.hotpath import KERNEL as FBF_KERNEL
+except ImportError:  # a tree from before the compiled kernel
+    FBF_KERNEL = "numpy"
+
 _ids = itertools.count()
 
 
@@ -380,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     if "append" in only:
         rows |= bench_append(sizes, args.seconds * 3)
     width = max(len(r) for r in rows)
+    if "dedup" in only:
+        print(f"fbf hot path: {FBF_KERNEL}")
     print(f"{'us per op':<{width}}" + "".join(f"{'batch ' + str(b):>12}" for b in sizes))
     for name, cells in rows.items():
         print(f"{name:<{width}}" + "".join(f"{cells.get(b, float('nan')):>12.2f}" for b in sizes))

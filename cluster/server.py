@@ -18,6 +18,7 @@ from aiohttp import web
 
 from cluster.core.config import NodeConfig
 from cluster.core.errors import ClusterError, ConfigError
+from cluster.core.fbf import hotpath
 from cluster.core.metrics import Histogram
 from cluster.edge.http_api import Edge, http_protocol, load_tokens, make_app
 from cluster.edge.listener import Listener, server_ssl
@@ -86,7 +87,7 @@ class NodeServer:
         log.info("node ready", extra={"fields": {
             "node": node.id, "address": f"{host}:{port}", "replayed": replayed,
             "counters": node.state.shards.keys, "in_doubt": len(node.pending),
-            "recovery_s": round(time.monotonic() - started, 3)}})
+            "recovery_s": round(time.monotonic() - started, 3), "fbf_kernel": hotpath.KERNEL}})
         if self.ready_stream is not None:
             self.ready_stream.write(f"READY {node.id} {host}:{port}\n")
             self.ready_stream.flush()

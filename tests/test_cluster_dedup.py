@@ -9,6 +9,7 @@ import pytest
 import pytest_asyncio
 from cluster_util import Client, running_cluster, wait_until
 
+from cluster.core.fbf import hotpath
 from cluster.local import LocalCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90),
@@ -102,6 +103,7 @@ async def test_health_and_metrics(cluster: LocalCluster, client: Client) -> None
                  "idc_fbf_period_seconds", "idc_fbf_fill", "idc_replication_pending",
                  "idc_antientropy_rounds_total", "idc_antientropy_bytes_total"):
         assert name in text, name
+    assert f'idc_fbf_kernel_info{{kernel="{hotpath.KERNEL}"}} 1' in text
     # the loop-lag timer runs from the start: samples arrive ten a second
     lag = [ln for ln in text.splitlines() if ln.startswith("idc_loop_lag_seconds_count ")]
     assert lag and float(lag[0].split()[1]) > 0, lag

@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cluster.core.fbf import hotpath
+
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 # how late a timer fires; 0.02 is the stall budget (no loop stall over 20 ms)
 LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -256,6 +258,9 @@ def _dedup_families(ex: Exposition, node: Any) -> None:
     ex.family("idc_dedup_bytes", "gauge", "memory of the table's dedup state")
     for t, d in sorted(node.state.dedups.items()):
         ex.sample("idc_dedup_bytes", d.nbytes(), {"table": t, "strategy": names[t]})
+    ex.family("idc_fbf_kernel_info", "gauge", "1, labelled with what runs the FBF's hot "
+              "operations: c (the compiled kernel) or numpy (not built, or IDC_FBF_KERNEL=0)")
+    ex.sample("idc_fbf_kernel_info", 1, {"kernel": hotpath.KERNEL})
     ex.family("idc_dedup_estimated_fpp", "gauge", "dedup false-positive estimate (eq. 3 for FBF)")
     for t, d in sorted(node.state.dedups.items()):
         ex.sample("idc_dedup_estimated_fpp", d.estimated_fpp(), {"table": t})

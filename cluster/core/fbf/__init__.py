@@ -5,6 +5,8 @@
     policy.py   AdaptivePolicy: when and how to reshape a filter (window-keeping Algorithm 3)
     codec.py    the v1 snapshot format (the filter's fields and its policy's state)
     layout.py   the bit-sliced words and the bulk operations on them
+    hotpath.py  check+insert and check, one id or a batch: the numpy path, and the choice of it
+                or the compiled kernel (_kernel.pyx, optional, the same bits)
 """
 
 from cluster.core.fbf.filter import ForgetfulBloomFilter

@@ -28,21 +28,13 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from cluster.core.bloom import load_from_fill
-from cluster.core.fbf import layout
+from cluster.core.fbf import hotpath, layout
 from cluster.core.fbf.codec import Snapshot, decode, encode
 from cluster.core.fbf.estimates import Estimates
 from cluster.core.fbf.layout import MAX_FILTERS, dtype_for
 from cluster.core.fbf.policy import AdaptivePolicy, PolicyState
 from cluster.core.fbf_model import size_filters
-from cluster.core.hashing import (
-    MASK64,
-    SEED,
-    HashFn,
-    _murmur,
-    hash_pair,
-    hash_pairs_np,
-    positions_np,
-)
+from cluster.core.hashing import HashFn, hash_pair
 
 
 class ForgetfulBloomFilter(Estimates):
@@ -83,7 +75,7 @@ class ForgetfulBloomFilter(Estimates):
         self.k = k
         self._clock = clock
         self._hash = hash_fn
-        self._fast_hash = hash_fn is hash_pair
+        self._kernel = hotpath.available()
         self._period = float(period)
         fixed_window = (n_past + 1) * self._period
         self._window = float(window) if window is not None else fixed_window
@@ -112,15 +104,25 @@ class ForgetfulBloomFilter(Estimates):
     def _set_shape(self, nfilters: int, words: np.ndarray) -> None:
         self._nf = nfilters
         self._words = words
-        self._mv = memoryview(words)  # type: ignore[arg-type]  # ndarray exports a buffer
-        self._live = (1 << nfilters) - 1
-        self._oldest = nfilters - 1
-        self._pairmask = ((1 << (nfilters - 1)) - 1) & ~1  # pair (j, j+1) for j in 1..N
-        self._krange = range(self.k)
-        self._pos = [0] * self.k  # scratch for add(), so the hot path allocates nothing
+        self._hot = hotpath.make(words, self.k, nfilters, self._hash, self._kernel)
+        self._hot_add = self._hot.add  # bound once: add() is the hottest call
         # below this many ids a batch loops add(): the scalar walk costs ~0.4 us a hash, numpy
-        # ~50 us a call, so the crossover falls near 100/k ids
+        # ~50 us a call, so the crossover falls near 100/k ids. The kernel keeps the same
+        # crossover, although it would not need one: a loop checks each id against the ids
+        # before it, a batch does not, and both paths must give the same answers
         self._small_batch = max(2, 100 // self.k)
+
+    @property
+    def kernel(self) -> str:
+        """What runs this filter's hot operations: ``"c"`` (the compiled kernel) or ``"numpy"``
+        (``cluster.core.fbf.hotpath``)."""
+        return "numpy" if isinstance(self._hot, hotpath.NumpyPath) else "c"
+
+    def use_kernel(self, on: bool) -> None:
+        """Run the hot operations in the compiled kernel (when it is built and the hash is the
+        default one) or, off, in the numpy path: the bits and answers are the same either way."""
+        self._kernel = on
+        self._set_shape(self._nf, self._words)
 
     @property
     def n_past(self) -> int:
@@ -164,67 +166,31 @@ class ForgetfulBloomFilter(Estimates):
         """The AND of the item's k words: bit j set when the item is in filter j."""
         if self._clock() >= self._next_refresh:
             self._catch_up()
-        if self._fast_hash:
-            h1, h2 = _murmur(item, SEED)
-            h2 |= 1
-        else:
-            h1, h2 = self._hash(item)
-        m, mv = self.m, self._mv
-        x, y = h1, h2
-        w = self._live
-        for i in self._krange:  # cluster.core.hashing.positions, walked inline
-            w &= mv[x % m]
-            x = (x + y) & MASK64
-            y = (y + i) & MASK64
-        return w
+        return self._hot.probe(item)
 
     def add(self, item: bytes) -> bool:
-        """Algorithm 1: insert into future and present unless a member; True when it was new."""
+        """Algorithm 1: insert into future and present unless a member; True when it was new.
+
+        The check is Algorithm 2 on the AND of the item's words: the future alone, any adjacent
+        (present, past...) pair, or the oldest past alone."""
         if self._clock() >= self._next_refresh:
             self._catch_up()
-        # the hot path, kept inline (it is _probe plus the insert); the check is Algorithm 2
-        # on the AND mask: the future alone, any adjacent (present, past...) pair, or the
-        # oldest past alone
-        if self._fast_hash:
-            h1, h2 = _murmur(item, SEED)
-            h2 |= 1
-        else:
-            h1, h2 = self._hash(item)
-        m, mv, pos = self.m, self._mv, self._pos
-        x, y = h1, h2
-        w = self._live
-        for i in self._krange:
-            p = pos[i] = x % m
-            w &= mv[p]
-            x = (x + y) & MASK64
-            y = (y + i) & MASK64
-        if w & 1 or w & (w >> 1) & self._pairmask or w >> self._oldest:
-            return False
-        for p in pos:
-            mv[p] |= 3
-        self._pending += 1
-        return True
+        if self._hot_add(item):
+            self._pending += 1
+            return True
+        return False
 
     def __contains__(self, item: bytes) -> bool:
         """Algorithm 2, the optimised check (with the oldest filter alone always checked)."""
-        w = self._probe(item)
-        return bool(w & 1 or w & (w >> 1) & self._pairmask or w >> self._oldest)
+        if self._clock() >= self._next_refresh:
+            self._catch_up()
+        return self._hot.contains(item)
 
     def contains_simple(self, item: bytes) -> bool:
         """Section III-A: present in any constituent filter."""
         return self._probe(item) != 0
 
     # -- batch API -------------------------------------------------------------------------
-
-    def _masks_many(self, items: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        h1, h2 = hash_pairs_np(items, self._hash)
-        pos = positions_np(h1, h2, self.k, self.m).view(np.intp)  # < m: the same values
-        return pos, np.bitwise_and.reduce(self._words[pos], axis=0), h1
-
-    def _members_np(self, w: np.ndarray) -> np.ndarray:
-        dt = self._words.dtype.type
-        pairs = w & (w >> dt(1)) & dt(self._pairmask)
-        return ((w & dt(1)) | pairs | (w >> dt(self._oldest))) != 0
 
     def add_many(self, items: Sequence[bytes]) -> np.ndarray:
         """Algorithm 1 for a batch; returns a bool array, True where the id was new.
@@ -237,19 +203,7 @@ class ForgetfulBloomFilter(Estimates):
             return np.fromiter(map(self.add, items), dtype=bool, count=len(items))
         if self._clock() >= self._next_refresh:
             self._catch_up()
-        pos, w, h1 = self._masks_many(items)
-        new = ~self._members_np(w)
-        # equal ids have equal hashes; only when some hash repeats are the ids compared (a sort
-        # is 20x cheaper here than np.unique)
-        s = np.sort(h1)
-        if bool((s[1:] == s[:-1]).any()):
-            first: dict[bytes, int] = {}
-            for i, it in enumerate(items):
-                j = first.setdefault(it, i)
-                if j != i:
-                    new[i] = False
-        idx = pos.ravel() if new.all() else pos[:, new].ravel()
-        self._words[idx] |= self._words.dtype.type(3)
+        new = self._hot.add_many(items)
         self._pending += int(np.count_nonzero(new))
         return new
 
@@ -260,8 +214,7 @@ class ForgetfulBloomFilter(Estimates):
             return np.fromiter(map(probe, items), dtype=bool, count=len(items))
         if self._clock() >= self._next_refresh:
             self._catch_up()
-        _, w, _ = self._masks_many(items)
-        return w != 0 if simple else self._members_np(w)
+        return self._hot.contains_many(items, simple)
 
     # -- refresh (Section III-C) -----------------------------------------------------------
 
@@ -438,6 +391,8 @@ class ForgetfulBloomFilter(Estimates):
 
     def copy(self) -> ForgetfulBloomFilter:
         g = type(self).from_bytes(self.to_bytes(), clock=self._clock, hash_fn=self._hash)
+        if g._kernel != self._kernel:
+            g.use_kernel(self._kernel)
         if self.policy is not None and g.policy is not None:
             g.policy.interval = self.policy.interval  # not in the bytes
         return g
@@ -476,7 +431,7 @@ class ForgetfulBloomFilter(Estimates):
         s = decode(data)
         f = cls.__new__(cls)
         f.m, f.k = s.m, s.k
-        f._clock, f._hash, f._fast_hash = clock, hash_fn, hash_fn is hash_pair
+        f._clock, f._hash, f._kernel = clock, hash_fn, hotpath.available()
         f._period, f._window = s.period, s.window
         f.window_violations = 0
         f._starts, f._gens = s.starts, s.gens
