@@ -365,3 +365,16 @@ def test_add_many_sets_the_same_bits_as_add(n: int) -> None:
     items = ids("same", n)
     assert [one.add(x) for x in items] == many.add_many(items).tolist()
     assert one == many
+
+
+def test_the_expected_fill_follows_the_measured_one() -> None:
+    """``estimated_fill`` (the node's metric: no pass over the words) stays within a few
+    percent of the exact ``fill`` as ids go in."""
+    from cluster.core.dedup import make_dedup
+
+    d = make_dedup("fbf", window=10.0, rate=10000, target_fpp=0.001)
+    f = d._f  # type: ignore[attr-defined]
+    for step in range(1, 5):
+        d.seen_or_add_many([f"w{step}:{i}".encode() for i in range(15000)])
+        assert f.fill() > 0.01
+        assert abs(f.estimated_fill() - f.fill()) < 0.03 * f.fill() + 1e-3

@@ -174,3 +174,18 @@ def _regenerate(keep_under: int = 10_000, keep: int = 3) -> None:
 
 if __name__ == "__main__":
     _regenerate()
+
+
+def test_snapshot_parts_load_as_the_same_filter() -> None:
+    """``FBFDedup.snapshot_parts`` (a node's snapshot: the words copied once, in parts) loads
+    as ``to_bytes`` does, and the copy does not follow later inserts."""
+    from cluster.core.dedup import load_dedup, make_dedup
+
+    d = make_dedup("fbf", window=10.0, rate=1000, target_fpp=0.01)
+    d.seen_or_add_many([f"a{i}".encode() for i in range(500)])
+    parts = d.snapshot_parts()
+    d.seen_or_add(b"after")
+    loaded = load_dedup(b"".join(parts))
+    assert all(loaded.seen_or_add(f"a{i}".encode()) for i in range(0, 500, 7))
+    assert b"after" not in loaded
+    assert loaded.nbytes() == d.nbytes()

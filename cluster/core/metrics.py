@@ -269,7 +269,9 @@ def _dedup_families(ex: Exposition, node: Any) -> None:
         ex.sample("idc_dedup_window_seconds", d.window, {"table": t})
     for stat, metric in (("fill", "fbf_fill"), ("n_past", "fbf_n_past"),
                          ("period", "fbf_period_seconds")):
-        ex.family(f"idc_{metric}", "gauge", f"FBF {stat} per table")
+        ex.family(f"idc_{metric}", "gauge", f"FBF {stat} per table"
+                  + (" (expected from the loads, no pass over the words)" if stat == "fill"
+                     else ""))
         for t, s in stats.items():
             if stat in s:
                 ex.sample(f"idc_{metric}", s[stat], {"table": t})

@@ -135,6 +135,14 @@ def frame(name: str, version: int, payload: Any) -> bytes:
     return name.encode("ascii") + b"\0" + bytes((version,)) + msgpack.packb(payload)
 
 
+def frame_parts(name: str, version: int, payload: list[bytes | memoryview]
+                ) -> list[bytes | memoryview]:
+    """``frame`` of a bytes payload given in parts, as parts (a msgpack bin 32 around them)."""
+    size = sum(len(part) for part in payload)
+    return [name.encode("ascii") + b"\0" + bytes((version,)) + b"\xc6" + size.to_bytes(4, "big"),
+            *payload]
+
+
 def unframe(data: bytes) -> tuple[str, int, Any]:
     cut = data.find(b"\0")
     if cut <= 0 or cut + 1 >= len(data):

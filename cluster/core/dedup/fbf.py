@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from cluster.core.dedup._base import Clock, FilterBacked, check_version, frame
+from cluster.core.dedup._base import Clock, FilterBacked, check_version, frame, frame_parts
 from cluster.core.fbf import ForgetfulBloomFilter
 
 
@@ -40,12 +40,16 @@ class FBFDedup(FilterBacked[ForgetfulBloomFilter]):
 
     def stats(self) -> dict[str, float]:
         f = self._f
-        return {"fpp": f.estimated_fpp(), "fill": f.fill(), "n_past": float(f.n_past),
+        return {"fpp": f.estimated_fpp(), "fill": f.estimated_fill(), "n_past": float(f.n_past),
                 "period": f.period, "window": f.window, "m": float(f.m), "k": float(f.k),
                 "over_target": float(f.over_target)}
 
     def to_bytes(self) -> bytes:
         return frame(self.name, 1, self._f.to_bytes())
+
+    def snapshot_parts(self) -> list[bytes | memoryview]:
+        """``to_bytes`` as parts, the filter's words copied once (``NodeState``'s snapshot)."""
+        return frame_parts(self.name, 1, self._f.to_parts())
 
     @classmethod
     def from_payload(cls, version: int, payload: Any, clock: Clock) -> FBFDedup:

@@ -41,13 +41,20 @@ class Snapshot:
 
 
 def encode(s: Snapshot) -> bytes:
+    return b"".join(encode_parts(s))
+
+
+def encode_parts(s: Snapshot) -> list[bytes | memoryview]:
+    """``encode`` as its parts: the header and the words, which are copied once (a private,
+    little-endian copy: the filter's own words go on changing), never packed or joined."""
     nf = len(s.starts)
     header = HEADER.pack(
         MAGIC, s.m, s.k, nf, s.period, s.next_refresh, s.window,
         *s.state[:_CUT], s.inserted, *s.state[_CUT:],
     )
     floats = struct.pack(f"<{2 * nf}d", *s.starts, *s.gens)
-    return header + floats + s.words.astype(s.words.dtype.newbyteorder("<")).tobytes()
+    words = s.words.astype(s.words.dtype.newbyteorder("<"))  # a copy, whatever the byte order
+    return [header + floats, memoryview(words.data).cast("B")]
 
 
 def decode(data: bytes) -> Snapshot:

@@ -7,6 +7,7 @@ base class whose methods read the filter's fills (exact, from the words) and gen
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
@@ -52,6 +53,13 @@ class Estimates(ABC):
         self._sync_loads()
         g = self._gens
         return [g[0]] + [g[j] + g[j - 1] for j in range(1, self._nf)]
+
+    def estimated_fill(self) -> float:
+        """Mean fill of the constituent filters expected from their loads (``1 - e^-k*load``
+        each): what ``fill`` measures, without a pass over the words (which stalls a loop
+        ~70 ms at 16 MB: the node's metrics use this one)."""
+        loads = self.filter_loads()
+        return sum(1.0 - math.exp(-self.k * load) for load in loads) / len(loads)
 
     def filter_fpps(self) -> list[float]:
         """Equation (1) for each filter, from the ids inserted into it."""
