@@ -131,7 +131,7 @@ class ShardStore:
     numbered per store (``_origins``), at most ``MAX_ORIGINS``."""
 
     __slots__ = ("own", "_own", "_origins", "_index", "_tables", "keys", "_hidden", "digests",
-                 "_dirty", "_tracking")
+                 "_dirty", "_pending", "_tracking")
 
     def __init__(self, own: str) -> None:
         self.own = own
@@ -144,6 +144,7 @@ class ShardStore:
         self.digests = Digests(self)
         # pages with keys not yet hashed into the digests (``Page.dirty`` says which keys)
         self._dirty: dict[tuple[str, int], Page] = {}
+        self._pending = 0  # keys marked in them
         self._tracking = True  # False while ``loading``: no hash moves, one whole pass after
         self._own = self._origin(own)
 
@@ -429,6 +430,7 @@ class ShardStore:
         while dirty and (limit is None or done < limit):
             (table, leaf), page = dirty.popitem()
             bits, page.dirty = page.dirty, 0
+            self._pending -= bits.bit_count()
             names = page.names()
             while bits:
                 low = bits & -bits
@@ -436,12 +438,12 @@ class ShardStore:
                 bits ^= low
                 self._rehash(table, names[r].decode(), page, r, leaf)
                 done += 1
-        return self.digest_pending
+        return self._pending
 
     @property
     def digest_pending(self) -> int:
-        """Keys changed and not yet rehashed into the digests."""
-        return sum(page.dirty.bit_count() for page in self._dirty.values())
+        """Keys marked and not yet hashed into the digests."""
+        return self._pending
 
     def _rehash(self, table: str, key: str, page: Page, r: int, leaf: int) -> None:
         new = self._hash(table, key, page, r)
@@ -476,11 +478,14 @@ class ShardStore:
 
     def _index_all(self) -> None:
         """Every key is new to the digests: forget the flushed hashes, mark every key."""
+        self._dirty.clear()
+        self._pending = 0
         for table, pages in self._tables.items():
             for leaf, page in pages.items():
                 page.reset_hashes()
                 if page.dirty:
                     self._dirty[(table, leaf)] = page
+                    self._pending += len(page)
 
     def tables(self) -> Iterator[str]:
         return iter(self._tables)
