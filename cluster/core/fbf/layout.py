@@ -36,7 +36,8 @@ def shift(words: np.ndarray, nfilters: int) -> None:
     """A refresh, in place: every filter ages by one, the oldest drops, an empty future begins."""
     dt = words.dtype.type
     np.left_shift(words, dt(1), out=words)
-    np.bitwise_and(words, dt((1 << nfilters) - 1), out=words)
+    if nfilters < 8 * words.dtype.itemsize:  # else the oldest filter's bit fell off already
+        np.bitwise_and(words, dt((1 << nfilters) - 1), out=words)
 
 
 def resized(words: np.ndarray, old: int, new: int) -> np.ndarray:
