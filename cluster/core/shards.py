@@ -4,11 +4,11 @@ Each replica keeps, per (table, key), one ``(P, N)`` pair per origin node. A nod
 own pair; pairs learned from peers merge by element-wise max, so re-delivering or replaying
 state never counts twice. The value is ``sum(P) - sum(N)``. Pure: no I/O, no clock.
 
-``CounterEntry`` is the full state of one key (reads, repairs, tests of the merge laws);
+``CounterEntry`` (``cluster.core.entry``, re-exported here) is the full state of one key;
 ``ShardStore`` holds many keys compactly, with no Python object per key: each table's keys are
 packed into one ``cluster.core.pages.Page`` per digest leaf (names in one ``bytes``, entries and
 counts in arrays, origins numbered per store): ~90 bytes a counter against ~300 for a list per
-key in a dict (1M counters, one origin each, RSS).
+key in a dict (1M counters, one origin each, RSS of a process loading them).
 
 **Hidden deltas.** A leader raises its own pair when it applies an op, before the op is on a
 quorum. Until then the op is unpublished and must be invisible to everyone else (it may yet be
@@ -29,7 +29,7 @@ leaf.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import msgpack
@@ -43,85 +43,9 @@ from cluster.core.digests import (
     key_hash,
     pair_hash,
 )
+from cluster.core.entry import CounterEntry, Pair
 from cluster.core.ops import ItemFields
 from cluster.core.pages import MAX_ORIGINS, Page
-
-Pair = tuple[int, int]
-
-
-class CounterEntry:
-    """Mapping origin -> (P, N) for one key; immutable once built, ``merge`` returns a new one."""
-
-    __slots__ = ("_pn",)
-
-    def __init__(self, pn: Mapping[str, Pair] | None = None) -> None:
-        clean: dict[str, Pair] = {}
-        for origin, (p, n) in (pn or {}).items():
-            if p < 0 or n < 0:
-                raise ValueError(f"P and N must be >= 0, got {origin}=({p}, {n})")
-            if p or n:
-                clean[origin] = (int(p), int(n))
-        self._pn = clean
-
-    @property
-    def pairs(self) -> Mapping[str, Pair]:
-        return self._pn
-
-    def merge(self, other: CounterEntry) -> CounterEntry:
-        """Element-wise max per origin: commutative, associative, idempotent."""
-        out = dict(self._pn)
-        for origin, (p, n) in other._pn.items():
-            mine = out.get(origin)
-            out[origin] = (p, n) if mine is None else (max(mine[0], p), max(mine[1], n))
-        entry = CounterEntry()
-        entry._pn = out
-        return entry
-
-    def value(self) -> int:
-        return sum(p for p, _ in self._pn.values()) - sum(n for _, n in self._pn.values())
-
-    def dominates(self, other: CounterEntry) -> bool:
-        """True when merging ``other`` into self would change nothing."""
-        for origin, (p, n) in other._pn.items():
-            mine = self._pn.get(origin, (0, 0))
-            if p > mine[0] or n > mine[1]:
-                return False
-        return True
-
-    def to_wire(self) -> dict[str, list[int]]:
-        return {origin: [p, n] for origin, (p, n) in self._pn.items()}
-
-    @classmethod
-    def from_wire(cls, data: object) -> CounterEntry:
-        if not isinstance(data, dict):
-            raise ValueError(f"a counter entry maps origin -> [P, N], not {type(data).__name__}")
-        pn: dict[str, Pair] = {}
-        for origin, pair in data.items():
-            if not isinstance(origin, str) or not isinstance(pair, list | tuple) or len(pair) != 2:
-                raise ValueError("a counter entry is a map origin -> [P, N]")
-            p, n = pair
-            if type(p) is not int or type(n) is not int:
-                raise ValueError("P and N must be integers")
-            pn[origin] = (p, n)
-        return cls(pn)
-
-    def to_bytes(self) -> bytes:
-        return msgpack.packb(self.to_wire())
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> CounterEntry:
-        return cls.from_wire(msgpack.unpackb(data, strict_map_key=True))
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, CounterEntry):
-            return NotImplemented
-        return self._pn == other._pn
-
-    def __hash__(self) -> int:
-        return hash(frozenset(self._pn.items()))
-
-    def __repr__(self) -> str:
-        return f"CounterEntry({self._pn!r})"
 
 
 class ShardStore:
@@ -201,6 +125,12 @@ class ShardStore:
             if hid is not None and (h := hid.get(origin)) is not None:
                 p0, n0 = max(0, p0 - h[0]), max(0, n0 - h[1])
                 p1, n1 = max(0, p1 - h[0]), max(0, n1 - h[1])
+        self._move(table, key, page, r, leaf, origin, p0, n0, p1, n1)
+
+    def _move(self, table: str, key: str, page: Page, r: int, leaf: int, origin: str,
+              p0: int, n0: int, p1: int, n1: int) -> None:
+        """``origin``'s visible pair went from (p0, n0) to (p1, n1): the key's hash, and the
+        digests, move by the difference of the pair's two hashes."""
         if p0 != p1 or n0 != n1:
             old = page.hashes[r]
             new = (old + pair_hash(key, origin, p1, n1) - pair_hash(key, origin, p0, n0)) & MASK
@@ -291,11 +221,7 @@ class ShardStore:
         p, n = page.pn[2 * j], page.pn[2 * j + 1]
         p0, n0 = max(0, p - before[0]), max(0, n - before[1])
         p1, n1 = max(0, p - after[0]), max(0, n - after[1])
-        if p0 != p1 or n0 != n1:
-            old = page.hashes[r]
-            new = (old + pair_hash(key, origin, p1, n1) - pair_hash(key, origin, p0, n0)) & MASK
-            page.hashes[r] = new
-            self.digests.update(table, key, leaf, old, new)
+        self._move(table, key, page, r, leaf, origin, p0, n0, p1, n1)
 
     def hide(self, table: str, key: str, origin: str, delta: int) -> None:
         """``delta``, applied to ``origin``'s pair, is not published: keep it out of sight."""
@@ -557,3 +483,6 @@ class ShardStore:
         return mine == theirs and all(self.entry(t, k) == other.entry(t, k) for t, k in mine)
 
     __hash__ = None  # type: ignore[assignment]
+
+
+__all__ = ["CounterEntry", "Pair", "ShardStore"]
