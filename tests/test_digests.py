@@ -121,6 +121,9 @@ def run(store: ShardStore, ops: list[tuple[Any, ...]]) -> ShardStore:
           ("merge_items", [("t", "k1", "n2", 4, 1), ("t", "k2", "n3", 0, 2)])])
 @example([("flush", None), ("merge_entry", "t", "k1", {"n2": (1, 1)}), ("flush", 0),
           ("snapshot",), ("flush", 1)])
+# an unhide of a delta never hidden (the store clamps a hidden part at 0: it only subtracts)
+@example([("apply", "u", "k0", 0), ("hide", "u", "k0", "n2", 1), ("unhide", "u", "k0", "n2", -1)])
+@example([("apply_hidden", "u", "k1", 1), ("unhide", "u", "k1", "n1", -1)])
 def test_incremental_digests_equal_a_full_pass(ops: list[tuple[Any, ...]]) -> None:
     store = run(ShardStore("n1"), ops)
     assert store.flush_digests() == 0

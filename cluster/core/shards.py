@@ -248,11 +248,11 @@ class ShardStore:
             return
         before = (pn[0], pn[1])
         if delta >= 0:
-            pn[0] -= delta
+            pn[0] = max(0, pn[0] - delta)  # never below 0: a hidden part only ever subtracts
         else:
-            pn[1] += delta
+            pn[1] = max(0, pn[1] + delta)
         after = (pn[0], pn[1])
-        if pn[0] <= 0 and pn[1] <= 0:
+        if pn[0] == 0 and pn[1] == 0:
             del by_origin[origin]
             if not by_origin:
                 del self._hidden[(table, key)]
