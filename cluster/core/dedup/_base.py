@@ -137,10 +137,16 @@ def frame(name: str, version: int, payload: Any) -> bytes:
 
 def frame_parts(name: str, version: int, payload: list[bytes | memoryview]
                 ) -> list[bytes | memoryview]:
-    """``frame`` of a bytes payload given in parts, as parts (a msgpack bin 32 around them)."""
+    """``frame`` of a bytes payload given in parts, as parts: the same bytes, its msgpack bin
+    header the one ``packb`` writes (bin 8, 16 or 32 by size)."""
     size = sum(len(part) for part in payload)
-    return [name.encode("ascii") + b"\0" + bytes((version,)) + b"\xc6" + size.to_bytes(4, "big"),
-            *payload]
+    if size < 1 << 8:
+        head = b"\xc4" + size.to_bytes(1, "big")
+    elif size < 1 << 16:
+        head = b"\xc5" + size.to_bytes(2, "big")
+    else:
+        head = b"\xc6" + size.to_bytes(4, "big")
+    return [name.encode("ascii") + b"\0" + bytes((version,)) + head, *payload]
 
 
 def unframe(data: bytes) -> tuple[str, int, Any]:
