@@ -123,7 +123,9 @@ async def heartbeat_loop(node: Node, detector: FailureDetector, interval: float)
                  fut: asyncio.Future[Any]) -> None:
         if fut.cancelled() or fut.exception() is not None:
             return
-        body = fut.result()
+        body = fut.result()  # this call's slice of the reply: one answer per item sent
+        if isinstance(body, list) and len(body) == 1:
+            body = body[0]
         if not isinstance(body, dict):
             detector.heartbeat(peer)
             return
