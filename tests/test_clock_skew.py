@@ -77,9 +77,12 @@ async def test_a_node_far_off_refuses_the_others_count_exactly(tmp_path: Path) -
 
             async def settled() -> bool:
                 h1, h2, h3 = [await health(client, u) for u in (n1, n2, n3)]
+                # (n1's links come up once its clock passes the peers' start: HELLO)
                 return (h1["clock"]["refusing"] and not h2["clock"]["refusing"]
                         and not h3["clock"]["refusing"]
-                        and not h2["live"]["n1"] and not h3["live"]["n1"])
+                        and not h2["live"]["n1"] and not h3["live"]["n1"]
+                        and len(h1["clock"]["peer_offsets_s"]) == 2
+                        and "n1" in h2["clock"]["peer_offsets_s"])
             await wait_until(settled, timeout=20, what="n1 refusing, the others routing around it")
 
             h1, h2 = await health(client, n1), await health(client, n2)

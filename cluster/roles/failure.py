@@ -132,7 +132,10 @@ async def heartbeat_loop(node: Node, detector: FailureDetector, interval: float)
         peer_wall = body.get("t")
         if isinstance(peer_wall, float | int) and not isinstance(peer_wall, bool):
             node.clocks.sample(peer, sent_wall, node.monotonic() - sent_mono, float(peer_wall))
-        detector.heartbeat(peer, bool(body.get("ready", True)))
+        # Only a peer refusing for its clock is taken as not ready: honouring "ready" itself
+        # (false while a peer recovers) makes every peer look down for a heartbeat after each
+        # start, which the rest of the node does not expect yet (see docs/node.md, "Clocks").
+        detector.heartbeat(peer, not body.get("clock_skew", False))
 
     while True:
         for peer, link in node.links.items():

@@ -337,9 +337,9 @@ class Node:
             link = self.links.get(peer_id)
             if link is not None and not link.connected:
                 link.forget_failure()  # it reached us: the way back is worth trying at once
-            # a node refusing for its clock says it is not ready: peers lead its keys
-            return [{"ready": self.ready and not self.clocks.refusing,
-                     "t": self.clock()}] * len(body)
+            # a node refusing for its clock says so: its peers take it as down and lead its keys
+            return [{"ready": self.ready, "t": self.clock(),
+                     "clock_skew": self.clocks.refusing}] * len(body)
         if kind == Kind.HOLDS:
             if self.clocks.refusing:  # no claim, no "not held" judged on a wrong clock
                 return self._holds_refused(body, peer_id)
