@@ -34,6 +34,7 @@ from typing import Any
 
 from client.chaos.history import History
 from client.chaos.topology import Topology
+from cluster.core.clock import OFFSET_ENV
 
 TAG = "nemesis-"
 
@@ -192,6 +193,7 @@ class Clock(Nemesis):
     needs = "processes"
     default = False
     OFFSETS = (-0.4, 5.0, 0.3, -5.0, 2.5, -2.5)
+    TOLERANCE = 1.0  # the node's default max_clock_skew
 
     def __init__(self) -> None:
         self.turn = 0
@@ -203,14 +205,15 @@ class Clock(Nemesis):
         return super().missing(topo)
 
     async def start(self, topo: Topology, rng: random.Random) -> dict[str, Any]:
-        from cluster.core.clock import OFFSET_ENV
-
         victim = rng.choice(topo.ids)
         offset = self.OFFSETS[self.turn % len(self.OFFSETS)]
         self.turn += 1
         self.victim = victim
         await topo.restart_with_env(victim, {OFFSET_ENV: str(offset)})
-        return {"node": victim, "offset_s": offset}
+        # beyond the tolerance it must refuse; recorded, so the history shows it did
+        beyond = abs(offset) > self.TOLERANCE
+        refusing = await topo.wait_clock(victim, beyond, timeout=abs(offset) + 3.0)
+        return {"node": victim, "offset_s": offset, "refusing": refusing}
 
     async def stop(self, topo: Topology) -> None:
         victim, self.victim = self.victim, None

@@ -256,6 +256,21 @@ class Topology:
                 await asyncio.sleep(0.2)
         return False
 
+    async def wait_clock(self, node_id: str, refusing: bool, timeout: float) -> bool | None:
+        """Until the node's ``/v1/health`` says ``clock.refusing == refusing`` (its clock judged
+        against its peers'); the last value seen (None: never answered)."""
+        deadline = time.monotonic() + timeout
+        url, seen = self.node_urls[node_id], None
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as s:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+                    async with s.get(f"{url}/v1/health") as resp:
+                        seen = bool((await resp.json()).get("clock", {}).get("refusing"))
+                        if seen == refusing:
+                            return seen
+                await asyncio.sleep(0.1)
+        return seen
+
     def proxy_counters(self) -> dict[str, dict[str, int]]:
         return {name: dict(p.counters) for name, p in self.proxies.proxies.items()}
 
