@@ -90,6 +90,8 @@ class NodeProcess:
         self.data_dir = data_dir
         self.log_path = log_path
         self.proc: asyncio.subprocess.Process | None = None
+        # extra environment for the next start (tests: IDC_CLOCK_OFFSET, cluster.core.clock)
+        self.env: dict[str, str] = {}
         self._drain: asyncio.Task[None] | None = None
 
     @property
@@ -106,7 +108,8 @@ class NodeProcess:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "cluster.node", *self.args,
                 stdout=asyncio.subprocess.PIPE, stderr=log, stdin=asyncio.subprocess.DEVNULL,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=_die_with_parent,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
+                preexec_fn=_die_with_parent,
             )
         assert self.proc.stdout is not None
         deadline = time.monotonic() + timeout

@@ -12,10 +12,12 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from aiohttp import web
 
+from cluster.core.clock import OFFSET_ENV, injected_offset, offset_clock
 from cluster.core.config import NodeConfig
 from cluster.core.errors import ClusterError, ConfigError
 from cluster.core.fbf import hotpath
@@ -32,13 +34,26 @@ from cluster.transport.peer import close_all
 log = logging.getLogger("cluster.server")
 
 
+def _node_clock(node_id: str) -> Callable[[], float]:
+    """The node's wall clock: the machine's, moved by ``IDC_CLOCK_OFFSET`` seconds when that is
+    set (test only: the chaos driver's clock nemesis, tests/test_clock_skew.py)."""
+    try:
+        offset = injected_offset()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    if offset:
+        log.warning("test-only clock offset injected", extra={"fields": {
+            "node": node_id, "env": OFFSET_ENV, "offset_s": offset}})
+    return offset_clock(offset)
+
+
 class NodeServer:
     """Owns the node, its listening socket and its background tasks (an async context manager)."""
 
     def __init__(self, config: NodeConfig, *, ready_stream: TextIO | None = None,
                  raw_http: bool = True) -> None:
         self.config = config
-        self.node = Node(config)
+        self.node = Node(config, clock=_node_clock(config.node_id))
         self.listener: Listener | None = None
         self.raw_http = raw_http  # False: aiohttp serves every request (tests compare the two)
         self.raw: RawServer | None = None

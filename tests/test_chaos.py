@@ -228,3 +228,25 @@ async def test_explain_reads_archived_segments_and_audits_final_values(tmp_path:
     assert "final values the logs do not account for: 1" in text
     assert "t/j: final value 3, the logs account for 1 (unexplained +2" in text
     assert "t/k: final" not in text  # 4 = c:1 counted twice, explained by the op list
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_clock_nemesis_refuses_beyond_the_tolerance_and_stays_valid(
+        tmp_path: Path) -> None:
+    """A node restarted with its clock 0.4 s behind counts; 5 s ahead it refuses (503
+    clock_skew, recorded in the history); the run stays exact."""
+    from client.chaos.nemesis import ALL
+
+    ALL["clock"].turn = 0  # type: ignore[attr-defined]
+    cfg = ChaosConfig(
+        workload=WorkloadConfig(clients=2, concurrency=3, rate=80, duration=14, keys=6),
+        nemeses=("clock",), quiet=(0.3, 0.5), fault=(3.0, 3.5), out_dir=str(tmp_path),
+        seed=2, progress=False)
+    res = await run_chaos(cfg)
+    text = render(res)
+    assert res.valid, text
+    plays = [(p["offset_s"], p["refusing"]) for p in res.played]
+    assert plays[:2] == [(-0.4, False), (5.0, True)], plays
+    r = res.report
+    assert r.acknowledged > 300 and r.over_count == 0 and r.under_count == 0, text

@@ -15,6 +15,9 @@ one fault at a time, going round the chosen nemeses in a shuffled order so every
                     --compose-project: docker kill -s KILL, docker start)
     pause           SIGSTOP one node, SIGCONT at heal (it then sends stale messages; with
                     --compose-project: docker pause, docker unpause)
+    clock           (not a default) restart one node with its wall clock moved (IDC_CLOCK_OFFSET,
+                    test only), in turn within max_clock_skew and well beyond it (it must refuse
+                    to count, 503 clock_skew), then restart it with the machine's clock
     partition       peer links cut (down or blackholed): one node isolated, a minority from a
                     majority, a bridge node seeing both halves, or one node cut one way
     peer-messages   peer frames dropped, duplicated, delayed and reordered; replication acks lost
@@ -31,6 +34,7 @@ from typing import Any
 
 from client.chaos.history import History
 from client.chaos.topology import Topology
+from cluster.core.clock import OFFSET_ENV
 
 TAG = "nemesis-"
 
@@ -178,6 +182,45 @@ class Pause(Nemesis):
             await topo.resume(node_id)
 
 
+class Clock(Nemesis):
+    """Restart one node with its wall clock ``offset`` seconds off (``IDC_CLOCK_OFFSET``, read
+    once by the node at start), then restart it with the machine's clock. The offsets go round
+    ``OFFSETS``: within the default ``max_clock_skew`` (1 s), where the node must count and
+    count once, and well beyond it, where it must refuse rather than risk a double count (the
+    SDK retries elsewhere). Not a default: each play is two restarts."""
+
+    name = "clock"
+    needs = "processes"
+    default = False
+    OFFSETS = (-0.4, 5.0, 0.3, -5.0, 2.5, -2.5)
+    TOLERANCE = 1.0  # the node's default max_clock_skew
+
+    def __init__(self) -> None:
+        self.turn = 0
+        self.victim: str | None = None
+
+    def missing(self, topo: Topology) -> str | None:
+        if topo.cluster is None:
+            return "needs a local cluster (the node's environment is set at its start)"
+        return super().missing(topo)
+
+    async def start(self, topo: Topology, rng: random.Random) -> dict[str, Any]:
+        victim = rng.choice(topo.ids)
+        offset = self.OFFSETS[self.turn % len(self.OFFSETS)]
+        self.turn += 1
+        self.victim = victim
+        await topo.restart_with_env(victim, {OFFSET_ENV: str(offset)})
+        # beyond the tolerance it must refuse; recorded, so the history shows it did
+        beyond = abs(offset) > self.TOLERANCE
+        refusing = await topo.wait_clock(victim, beyond, timeout=abs(offset) + 3.0)
+        return {"node": victim, "offset_s": offset, "refusing": refusing}
+
+    async def stop(self, topo: Topology) -> None:
+        victim, self.victim = self.victim, None
+        if victim is not None:
+            await topo.restart_with_env(victim, {})
+
+
 def partition_pairs(ids: Sequence[str], shape: str,
                     rng: random.Random) -> tuple[list[tuple[str, str]], dict[str, Any]]:
     """Directed links to cut for a partition ``shape``: isolate (one node from the rest),
@@ -236,7 +279,7 @@ class PeerMessages(Nemesis):
 
 ALL: dict[str, Nemesis] = {n.name: n for n in (
     LostAck(), Drop(), Duplicate(), LateDuplicate(), Delay(), Reset(), Down(), Kill(), Pause(),
-    Partition(),
+    Clock(), Partition(),
     PeerMessages())}
 
 

@@ -179,6 +179,16 @@ class Topology:
         self.killed.discard(node_id)
         await self.client_proxies[node_id].enable()
 
+    async def restart_with_env(self, node_id: str, env: dict[str, str]) -> None:
+        """Stop a local node (SIGTERM) and start it on its data with ``env`` added to its
+        environment (test-only switches: ``IDC_CLOCK_OFFSET``); ``{}`` restores it."""
+        node = self.node(node_id)
+        await self.client_proxies[node_id].disable()
+        self.killed.add(node_id)  # a heal meanwhile starts it again
+        await node.stop(timeout=10.0)
+        node.env = dict(env)
+        await self.restart(node_id)
+
     async def pause(self, node_id: str) -> None:
         if self.containers is not None:
             await self.containers.pause(node_id)
@@ -220,6 +230,9 @@ class Topology:
         await self.proxies.reset()
         for node_id in list(self.killed):
             await self.restart(node_id)
+        for node_id, node in (self.cluster.nodes.items() if self.cluster else ()):
+            if node.env:  # a clock offset left by an interrupted nemesis
+                await self.restart_with_env(node_id, {})
 
     async def wait_delivered(self, timeout: float) -> bool:
         """Until no proxy holds a message for later (the network is quiet)."""
@@ -242,6 +255,21 @@ class Topology:
                             return True
                 await asyncio.sleep(0.2)
         return False
+
+    async def wait_clock(self, node_id: str, refusing: bool, timeout: float) -> bool | None:
+        """Until the node's ``/v1/health`` says ``clock.refusing == refusing`` (its clock judged
+        against its peers'); the last value seen (None: never answered)."""
+        deadline = time.monotonic() + timeout
+        url, seen = self.node_urls[node_id], None
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as s:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+                    async with s.get(f"{url}/v1/health") as resp:
+                        seen = bool((await resp.json()).get("clock", {}).get("refusing"))
+                        if seen == refusing:
+                            return seen
+                await asyncio.sleep(0.1)
+        return seen
 
     def proxy_counters(self) -> dict[str, dict[str, int]]:
         return {name: dict(p.counters) for name, p in self.proxies.proxies.items()}

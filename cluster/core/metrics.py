@@ -102,6 +102,8 @@ class NodeMetrics:
     retry_checks: int = 0
     unauthorized: int = 0
     overflows: int = 0
+    clock_skew_refusals: int = 0
+    clock_skew_episodes: int = 0
     requests: dict[str, Histogram] = field(default_factory=dict)
     loop_lag: Histogram = field(default_factory=lambda: Histogram(LOOP_LAG_BUCKETS))
 
@@ -198,6 +200,9 @@ def render(node: Any, auth: Any = None, edge: Any = None) -> str:
         ("retry_checks", "ops checked on the other replicas before being applied"),
         ("unauthorized", "client requests refused for a missing or wrong bearer token (401)"),
         ("overflows", "ops refused because they would take an entry past 2^64 - 1 (400)"),
+        ("clock_skew_refusals", "ops refused (503 clock_skew) while this node's clock was "
+         "beyond max_clock_skew from a majority of its peers'"),
+        ("clock_skew_episodes", "times this node started refusing for its clock"),
     ):
         ex.simple(f"idc_{name}_total", "counter", help_text, getattr(m, name))
     ex.simple("idc_antientropy_cpu_seconds_total", "counter",
@@ -225,6 +230,13 @@ def render(node: Any, auth: Any = None, edge: Any = None) -> str:
     ex.family("idc_peer_connected", "gauge", "1 when the outbound peer link is up")
     for pid, link in node.links.items():
         ex.sample("idc_peer_connected", int(link.connected), {"peer": pid})
+    ex.family("idc_peer_clock_offset_seconds", "gauge", "the peer's wall clock minus this "
+              "node's, as heartbeats measure it (the shortest round trip of the last 16)")
+    for pid, offset in node.clocks.offsets().items():
+        ex.sample("idc_peer_clock_offset_seconds", offset, {"peer": pid})
+    ex.simple("idc_clock_refusing", "gauge", "1 while this node refuses to count because its "
+              "clock is beyond max_clock_skew from a majority of its peers'",
+              int(node.clocks.refusing))
     _wal_families(ex, node.log.stats())
     if auth is not None:
         _refusals(ex, "idc_peer_auth_rejected_total",

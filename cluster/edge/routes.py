@@ -153,6 +153,16 @@ def _births(node: Node, checked: list[CheckedOp]) -> list[float]:
     return [now - op[5] / 1000.0 for op in checked]
 
 
+def _refuse_on_clock(node: Node, count: int) -> None:
+    """503 ``clock_skew`` while the node's clock is off from a majority of its peers' (the
+    whole request: every op in it would be stamped and judged by that clock)."""
+    if count and node.refuses_clock(count):
+        raise Unavailable(f"this node's clock is more than {node.config.max_clock_skew:g} s "
+                          "off from a majority of its peers'; it refuses to count rather than "
+                          "risk counting twice. Retry with the same op_id at another node",
+                          code="clock_skew")
+
+
 async def post_counter(node: Node, table: str, key: str, read: BodyReader, content_type: str,
                        mp: bool) -> bytes:
     """``POST /v1/counters/{table}/{key}``: one op."""
@@ -163,7 +173,8 @@ async def post_counter(node: Node, table: str, key: str, read: BodyReader, conte
                   table, key, max_op_id_bytes=cfg.max_op_id_bytes,
                   max_depth=cfg.max_nesting_depth,
                   max_clock_skew_ms=int(cfg.max_clock_skew * 1000),
-                  stale_after_ms=stale_after_ms(cfg))
+                  stale_after_ms=stale_after_ms(cfg), clock=node.clock)
+    _refuse_on_clock(node, 1)
     if _expired(node, op):
         node.metrics.expired += 1
         age_ms = op[5]
@@ -187,7 +198,8 @@ async def post_batch(node: Node, read: BodyReader, content_type: str, mp: bool) 
                       max_ops=cfg.max_batch_ops, max_op_id_bytes=cfg.max_op_id_bytes,
                       max_depth=cfg.max_nesting_depth,
                       max_clock_skew_ms=int(cfg.max_clock_skew * 1000),
-                      stale_after_ms=stale_after_ms(cfg))
+                      stale_after_ms=stale_after_ms(cfg), clock=node.clock)
+    _refuse_on_clock(node, len(ops))
     statuses = [_EXPIRED] * len(ops)
     live = [i for i, op in enumerate(ops) if not _expired(node, op)]
     node.metrics.expired += len(ops) - len(live)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -94,9 +95,10 @@ def _too_deep(where: str, max_depth: int) -> BadRequest:
 def check_op(op: Any, table: str, key: str, *, max_op_id_bytes: int,
              where: str = "", max_clock_skew_ms: int = 1000,
              stale_after_ms: int | None = None, max_depth: int = 8,
-             depth: int = 1) -> CheckedOp:
+             depth: int = 1, clock: Callable[[], float] = time.time) -> CheckedOp:
     """One op's fields (``table`` and ``key`` already checked); raises ``BadRequest``.
-    ``depth``: how deep the op object sits in its body (1 alone, 3 in a batch)."""
+    ``depth``: how deep the op object sits in its body (1 alone, 3 in a batch); ``clock``: the
+    node's wall clock, which ``ts_ms`` is compared with."""
     if not isinstance(op, dict):
         raise BadRequest(f"{where or 'body'}: must be an object", code="bad_body")
     if nests_deeper(op, max_depth - depth + 1):
@@ -121,7 +123,7 @@ def check_op(op: Any, table: str, key: str, *, max_op_id_bytes: int,
     stale_ms = age_ms
     if "ts_ms" in op:  # absolute client time: a copy replayed late by the network is refused
         ts_ms = _int_field(op, "ts_ms", where, 0, 0)
-        elapsed = int(time.time() * 1000) - ts_ms
+        elapsed = int(clock() * 1000) - ts_ms
         age_ms = max(age_ms, elapsed - max_clock_skew_ms)  # refuse only what is surely old
         stale_ms = max(stale_ms, elapsed)  # check on the replicas what may be old
     if stale_after_ms is not None and stale_ms > stale_after_ms:
@@ -131,7 +133,7 @@ def check_op(op: Any, table: str, key: str, *, max_op_id_bytes: int,
 
 def check_batch(body: Any, *, max_ops: int, max_op_id_bytes: int,
                 max_clock_skew_ms: int = 1000, stale_after_ms: int | None = None,
-                max_depth: int = 8) -> list[CheckedOp]:
+                max_depth: int = 8, clock: Callable[[], float] = time.time) -> list[CheckedOp]:
     if not isinstance(body, dict) or not isinstance(body.get("ops"), list):
         raise BadRequest('body: must be {"ops": [...]}', code="bad_body")
     if len(body) > 1 and nests_deeper({k: v for k, v in body.items() if k != "ops"}, max_depth):
@@ -154,12 +156,13 @@ def check_batch(body: Any, *, max_ops: int, max_op_id_bytes: int,
                 out.append((table, key, op_id, delta, 1, 0))
                 continue
         out.append(_check_batch_op(op, len(out), max_op_id_bytes, max_clock_skew_ms,
-                                   stale_after_ms, max_depth))
+                                   stale_after_ms, max_depth, clock))
     return out
 
 
 def _check_batch_op(op: Any, i: int, max_op_id_bytes: int, skew_ms: int,
-                    stale_after_ms: int | None, max_depth: int) -> CheckedOp:
+                    stale_after_ms: int | None, max_depth: int,
+                    clock: Callable[[], float]) -> CheckedOp:
     where = f"ops[{i}]."
     if not isinstance(op, dict):
         raise BadRequest(f"ops[{i}]: must be an object", code="bad_body")
@@ -170,7 +173,7 @@ def _check_batch_op(op: Any, i: int, max_op_id_bytes: int, skew_ms: int,
         raise _bad(where, "key")
     return check_op(op, table, key, max_op_id_bytes=max_op_id_bytes, where=where,
                     max_clock_skew_ms=skew_ms, stale_after_ms=stale_after_ms,
-                    max_depth=max_depth, depth=3)
+                    max_depth=max_depth, depth=3, clock=clock)
 
 
 _known_names: set[str] = set()  # names already checked: a set lookup beats the regex

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from cluster.transport.wire import Kind
 
 if TYPE_CHECKING:
+    from cluster.core.clock import PeerClocks
     from cluster.transport.peer import PeerLink
 
 
@@ -30,6 +31,9 @@ class Node(Protocol):
 
     links: dict[str, PeerLink]
     ready: bool
+    clocks: PeerClocks
+    clock: Callable[[], float]
+    monotonic: Callable[[], float]
 
 log = logging.getLogger("cluster.failure")
 
@@ -111,18 +115,33 @@ class FailureDetector:
 
 async def heartbeat_loop(node: Node, detector: FailureDetector, interval: float) -> None:
     """Every ``interval``: ping every peer; each answer is a heartbeat (with the peer's ready
-    flag). A ping answered late still counts: arrival times are what phi measures."""
+    flag). A ping answered late still counts: arrival times are what phi measures. A ping
+    carries our wall clock and its answer the peer's (``t``): one sample of the peer's clock
+    offset each (``cluster.core.clock.PeerClocks``)."""
 
-    def answered(peer: str, fut: asyncio.Future[Any]) -> None:
+    def answered(peer: str, sent_wall: float, sent_mono: float,
+                 fut: asyncio.Future[Any]) -> None:
         if fut.cancelled() or fut.exception() is not None:
             return
-        body = fut.result()
-        detector.heartbeat(peer, bool(body.get("ready", True)) if isinstance(body, dict)
-                           else True)
+        body = fut.result()  # this call's slice of the reply: one answer per item sent
+        if isinstance(body, list) and len(body) == 1:
+            body = body[0]
+        if not isinstance(body, dict):
+            detector.heartbeat(peer)
+            return
+        peer_wall = body.get("t")
+        if isinstance(peer_wall, float | int) and not isinstance(peer_wall, bool):
+            node.clocks.sample(peer, sent_wall, node.monotonic() - sent_mono, float(peer_wall))
+        # Only a peer refusing for its clock is taken as not ready: honouring "ready" itself
+        # (false while a peer recovers) makes every peer look down for a heartbeat after each
+        # start, which the rest of the node does not expect yet (see docs/node.md, "Clocks").
+        detector.heartbeat(peer, not body.get("clock_skew", False))
 
     while True:
         for peer, link in node.links.items():
-            fut = link.call(Kind.PING, [{"ready": node.ready}], probe=True)
-            fut.add_done_callback(functools.partial(answered, peer))
+            sent_wall, sent_mono = node.clock(), node.monotonic()
+            fut = link.call(Kind.PING, [{"ready": node.ready, "t": sent_wall}], probe=True)
+            fut.add_done_callback(functools.partial(answered, peer, sent_wall, sent_mono))
         detector.check_all()
+        node.clocks.update()  # samples go stale when a peer goes quiet
         await asyncio.sleep(interval)

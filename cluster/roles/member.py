@@ -13,11 +13,13 @@ Run as ``python -m cluster.node`` (``cluster/node.py``; the CLI is ``cluster.cli
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cluster.core.clock import PeerClocks
 from cluster.core.config import NodeConfig
 from cluster.core.metrics import NodeMetrics
 from cluster.core.ops import Item, ItemFields, Op
@@ -44,6 +46,8 @@ APPLY, REPLICA = int(RecordKind.APPLY), int(RecordKind.REPLICA)
 PUBLISHED, WITHDRAW = int(RecordKind.PUBLISHED), int(RecordKind.WITHDRAW)
 _UNAVAILABLE = int(Status.UNAVAILABLE)
 
+log = logging.getLogger("cluster.node")
+
 
 class Node:
     """One cluster member: owns the log, the peer links and the state; the HTTP layer calls it."""
@@ -67,10 +71,14 @@ class Node:
         self.log = log if log is not None else DurableLog(
             data_dir / "log", fsync=config.fsync, archive=config.keep_log)
         secret = load_secret(config.secret_file) if config.secret_file else None
-        self.auth = PeerAuth(self.id, secret, skew=config.peer_auth_skew)
+        self.auth = PeerAuth(self.id, secret, skew=config.peer_auth_skew, clock=clock)
         self.links: dict[str, PeerLink] = (dict(links) if links is not None
                                            else self._dial(config))
         self.metrics = NodeMetrics()
+        # the peers' clocks as heartbeats measure them; beyond ``max_clock_skew`` from a
+        # majority, this node refuses to count (docs/node.md, "Clocks")
+        self.clocks = PeerClocks(config.max_clock_skew, monotonic=monotonic)
+        self.clocks.on_change = self._clock_changed
         # (table, key, origin) -> resolved when the settle pass under way for it ends
         self.settling: dict[tuple[str, str, str], asyncio.Future[None]] = {}
         self.detector = FailureDetector(
@@ -155,6 +163,8 @@ class Node:
                      ) -> list[int]:
         """Route every op to its leader (one FORWARD frame per leader); statuses in op order.
         ``births``: when the client first sent each op (wall clock; now when not given)."""
+        if self.refuses_clock(len(ops)):  # its births would be stamped by a wrong clock
+            return [_UNAVAILABLE] * len(ops)
         return await self.coordinator.submit(ops, births)
 
     def use_detector(self) -> None:
@@ -167,9 +177,10 @@ class Node:
 
     def _peer_changed(self, peer: str, live: bool) -> None:
         # A peer never heard from yet (still starting), or that said it is recovering, was not
-        # cut off: no reason to check ops.
+        # cut off: no reason to check ops. One that stopped leading because its clock is off
+        # may have led our keys until then: as if cut off.
         d = self.detector.peers[peer]
-        silent = not live and d.ready and d.heard
+        silent = not live and d.heard and (d.ready or peer in self.clocks.skewed())
         if silent or live and peer in self._silent:
             self._degraded_until = self.monotonic() + self.config.window
         if live:
@@ -181,6 +192,25 @@ class Node:
     async def _caught_up(self, peer: str) -> None:
         await self.hints.deliver(self, peer)
         await antientropy.sync_all(self, [peer])
+
+    def _clock_changed(self, refusing: bool) -> None:
+        self.metrics.clock_skew_episodes += refusing
+        if refusing:
+            log.warning("clock off from a majority of the peers: refusing to count",
+                        extra={"fields": {"node": self.id, "tolerance_s": self.clocks.tolerance,
+                                          "peer_offsets_s": self.clocks.offsets()}})
+        else:
+            log.warning("clock back within the tolerance of a majority: counting again",
+                        extra={"fields": {"node": self.id,
+                                          "peer_offsets_s": self.clocks.offsets()}})
+
+    def refuses_clock(self, count: int = 1) -> bool:
+        """True (and ``count`` refusals counted) while this node's clock disagrees with a
+        majority of its peers': an op judged by a wrong clock could be counted twice."""
+        if self.clocks.refusing:
+            self.metrics.clock_skew_refusals += count
+            return True
+        return False
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -269,6 +299,9 @@ class Node:
             "live": {pid: self.is_live(pid) for pid in self.links},
             "in_doubt": len(state.pending),
             "hints": {pid: self.hints.pending(pid) for pid in self.links},
+            "clock": {"refusing": self.clocks.refusing, "tolerance_s": self.clocks.tolerance,
+                      "peer_offsets_s": {p: round(o, 4)
+                                         for p, o in self.clocks.offsets().items()}},
         }
 
     # -- leading -----------------------------------------------------------------------
@@ -278,7 +311,7 @@ class Node:
         """Lead ``ops``; merged with every other batch led in this loop turn. Statuses in order.
         Retries, and every op while a peer was recently down, are first checked on the replicas
         (``cluster.roles.checks``); a node still recovering leads nothing."""
-        if not self.ready:
+        if not self.ready or self.refuses_clock(len(ops)):
             done: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
             done.set_result([_UNAVAILABLE] * len(ops))
             return done
@@ -304,8 +337,12 @@ class Node:
             link = self.links.get(peer_id)
             if link is not None and not link.connected:
                 link.forget_failure()  # it reached us: the way back is worth trying at once
-            return [{"ready": self.ready}] * len(body)
+            # a node refusing for its clock says so: its peers take it as down and lead its keys
+            return [{"ready": self.ready, "t": self.clock(),
+                     "clock_skew": self.clocks.refusing}] * len(body)
         if kind == Kind.HOLDS:
+            if self.clocks.refusing:  # no claim, no "not held" judged on a wrong clock
+                return self._holds_refused(body, peer_id)
             return checks.on_holds(self, body, peer_id)
         if kind == Kind.DIGEST:
             return antientropy.on_digest(self, peer_id, body[0] if body else {})
@@ -314,6 +351,18 @@ class Node:
         if kind == Kind.DEDUP:
             return [antientropy.on_dedup(self, b) for b in body]
         raise ValueError(f"unknown peer frame kind {kind}")
+
+    def _holds_refused(self, body: list[list[Any]], peer_id: str) -> list[list[Any]]:
+        """HOLDS while refusing for the clock: FORGOT (which checks and settles count as no
+        answer) to queries and claims; a release still frees the asker's claim."""
+        out = []
+        for item in body:
+            if len(item) > 3 and item[3] == checks.RELEASE:
+                out.extend(checks.on_holds(self, [item], peer_id))
+            else:
+                entry = self.state.shards.entry(item[0], item[1]).to_wire()
+                out.append([checks.FORGOT, False, entry])
+        return out
 
     # -- reads -----------------------------------------------------------------------------
 

@@ -40,7 +40,8 @@ class Kind(IntEnum):
     REPLICATE = 2  # body: [[op_id, table, key, origin, p, n, delta, ts], ...] -> None once durable
     READ = 3  # body: [[table, key], ...] -> [{origin: [p, n]}, ...]
     REPAIR = 4  # body: [[table, key, {origin: [p, n]}], ...] -> None once durable
-    PING = 5  # body: {"ready": bool} -> {"ready": bool} (heartbeat, cluster/failure.py)
+    PING = 5  # body: {"ready", "t": wall s} -> {"ready", "t", "clock_skew": refusing} (heartbeat,
+    #          cluster/roles/failure.py; "t" measures clock offsets, cluster/core/clock.py)
     # HOLDS body: [[table, key, op_id, mode?, born?], ...] -> [[held, checked, {origin: [p, n]}],
     # ...] (cluster/roles/checks.py: mode QUERY/CLAIM/RELEASE, born the op's first send)
     HOLDS = 6
