@@ -10,7 +10,8 @@ Measures, in one run against one cluster:
   3. write latency with the FBF vs dedup off: the same cluster serves table ``fbf_t`` with the
      FBF and ``none_t`` with no dedup (``--dedup fbf,none_t=none``); requests alternate;
   4. node memory: RSS of a live node after loading ``--live-counters`` distinct counters, and
-     RSS of fresh processes holding 1M counters / a window of 1M op ids (``--no-memory`` skips).
+     RSS of fresh processes holding 1M counters (built by writes, and loaded from a snapshot as
+     a restarted node holds them) / a window of 1M op ids (``--no-memory`` skips).
 The load generator runs in this process on the same machine and competes for the same cores.
 """
 
@@ -25,6 +26,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -232,10 +234,17 @@ from cluster.core.shards import ShardStore
 from cluster.core.dedup import make_dedup
 what, n = sys.argv[1], int(sys.argv[2])
 base = rss()
-if what == 'counters':
+if what in ('counters', 'save'):
     s = ShardStore('n1')
     for i in range(n):
         s.apply_local('t', f'user:{i:08d}', 1000 + i)
+    extra = {}
+    if what == 'save':  # for 'counters_loaded', in a process of its own
+        Path(sys.argv[3]).write_bytes(s.to_bytes())
+        sys.exit(0)
+elif what == 'counters_loaded':  # the store a restarted node holds, without the build's leftovers
+    s = ShardStore.from_bytes(Path(sys.argv[3]).read_bytes(), 'n1')
+    s.flush_digests()
     extra = {}
 else:
     d = make_dedup(what, window=10.0, rate=n / 10.0, target_fpp=1e-6)
@@ -248,11 +257,18 @@ print(json.dumps({'what': what, 'n': n, 'rss_delta_mib': round((rss() - base) / 
 
 
 def memory_offline(n: int) -> list[dict[str, Any]]:
+    """RSS of ``n`` counters built by writes, of the same loaded from a snapshot (what a node
+    holds after a restart: no leftovers of the writes), and of ``n`` ids in two dedups."""
     out = []
-    for what in ("counters", "fbf", "exact"):
-        res = subprocess.run([sys.executable, "-c", _MEM_SNIPPET, what, str(n)],
-                             capture_output=True, text=True, timeout=300, check=True)
-        out.append(json.loads(res.stdout))
+    with tempfile.TemporaryDirectory() as tmp:
+        blob = str(Path(tmp) / "store.bin")
+        for what in ("counters", "save", "counters_loaded", "fbf", "exact"):
+            res = subprocess.run([sys.executable, "-c", _MEM_SNIPPET, what, str(n), blob],
+                                 capture_output=True, text=True, timeout=300, check=True)
+            if what != "save":
+                row = json.loads(res.stdout)
+                row["bytes_each"] = round(row["rss_delta_mib"] * (1 << 20) / n, 1)
+                out.append(row)
     return out
 
 
