@@ -3,14 +3,11 @@ on; the counts stay exact. Real node processes on loopback, free ports."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import re
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from cluster_util import Client, wait_until
+from cluster_util import Client, running_cluster, wait_until
 
 from cluster.core.clock import OFFSET_ENV
 from cluster.core.ring import Ring
@@ -19,22 +16,6 @@ from cluster.local import LocalCluster
 pytestmark = pytest.mark.timeout(120)
 
 KEYS = [f"k{i}" for i in range(12)]
-
-
-@contextlib.asynccontextmanager
-async def cluster_with_offset(tmp_path: Path, offsets: dict[str, float]
-                              ) -> AsyncIterator[LocalCluster]:
-    cluster = LocalCluster(3, data_dir=tmp_path, extra_args=["--no-fsync"])
-    for node_id, offset in offsets.items():
-        cluster.nodes[node_id].env = {OFFSET_ENV: str(offset)}
-    await cluster.start()
-    try:
-        yield cluster
-    finally:
-        try:
-            await asyncio.wait_for(cluster.stop(timeout=5.0), 20.0)
-        finally:
-            await cluster.abort()
 
 
 def metric(text: str, name: str, labels: str = "") -> float:
@@ -66,7 +47,7 @@ async def test_a_node_far_off_refuses_the_others_count_exactly(tmp_path: Path) -
     assert any(ring.preference_list("t", k)[0] == "n1" for k in KEYS)  # n1 leads some keys
     client = Client()
     try:
-        async with cluster_with_offset(tmp_path, {}) as cluster:
+        async with running_cluster(3, data_dir=tmp_path, extra_args=["--no-fsync"]) as cluster:
             n1, n2, n3 = (cluster.nodes[i].url for i in ("n1", "n2", "n3"))
             expected: dict[str, int] = {}
             for i, key in enumerate(KEYS):  # before: n1 counts like the others
