@@ -93,6 +93,19 @@ class ShardStore:
         r = page.find(key.encode())
         return None if r < 0 else (page, r, leaf)
 
+    def _applied(self, table: str, key: str, origin: str
+                 ) -> tuple[Page, int, int, int, int] | None:
+        """The key's page, number and leaf, and ``origin``'s pair as applied here; None when
+        the store holds no entry of that origin for the key."""
+        found, o = self._find(table, key), self._index.get(origin)
+        if found is None or o is None:
+            return None
+        page, r, leaf = found
+        j = page.slot(r, o)
+        if j < 0:
+            return None
+        return page, r, leaf, page.pn[2 * j], page.pn[2 * j + 1]
+
     def _slot(self, table: str, key: str, o: int) -> tuple[Page, int, int, int]:
         """The page, entry index, key number and leaf of the key's pair of origin number
         ``o``, created (as (0, 0)) if missing."""
@@ -210,15 +223,10 @@ class ShardStore:
         pair moved with it (the pair as applied here did not)."""
         if not self._tracking:
             return
-        found = self._find(table, key)
-        o = self._index.get(origin)
-        if found is None or o is None:
+        found = self._applied(table, key, origin)
+        if found is None:
             return  # nothing applied: (0, 0) visible either way
-        page, r, leaf = found
-        j = page.slot(r, o)
-        if j < 0:
-            return
-        p, n = page.pn[2 * j], page.pn[2 * j + 1]
+        page, r, leaf, p, n = found
         p0, n0 = max(0, p - before[0]), max(0, n - before[1])
         p1, n1 = max(0, p - after[0]), max(0, n - after[1])
         self._move(table, key, page, r, leaf, origin, p0, n0, p1, n1)
@@ -283,14 +291,10 @@ class ShardStore:
 
     def pair(self, table: str, key: str, origin: str, *, visible: bool = True) -> Pair:
         """``origin``'s pair of one key: as others may see it, or as applied here."""
-        found, o = self._find(table, key), self._index.get(origin)
-        if found is None or o is None:
+        found = self._applied(table, key, origin)
+        if found is None:
             return (0, 0)
-        page, r, _leaf = found
-        j = page.slot(r, o)
-        if j < 0:
-            return (0, 0)
-        p, n = page.pn[2 * j], page.pn[2 * j + 1]
+        p, n = found[3], found[4]
         if visible:
             hid = self._hidden.get((table, key), {}).get(origin)
             if hid is not None:
