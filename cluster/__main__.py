@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from cluster.core.errors import ConfigError
 from cluster.local import LocalCluster, ports_in_use
 
 
@@ -26,6 +27,19 @@ def build_parser() -> argparse.ArgumentParser:
                          "written to DATA_DIR/cluster.secret and every frame is signed)")
     up.add_argument("node_args", nargs=argparse.REMAINDER,
                     help="after --, extra flags for every node (e.g. -- --dedup exact)")
+    dec = sub.add_parser(
+        "decommission", help="move every key range away from a member; it then exits 0",
+        description="Move every key range away from member ID while clients keep writing. "
+                    "Returns 0 once every remaining member lists ID as left; the node process "
+                    "exits 0 by itself. A move lasts at least one dedup window. Of a member "
+                    "still joining, the join is aborted instead.")
+    dec.add_argument("id", metavar="ID", help="the member to remove")
+    dec.add_argument("--via", required=True, metavar="HOST:PORT[,HOST:PORT...]",
+                     help="any live member (a comma list is tried in order)")
+    dec.add_argument("--secret-file", default=None,
+                     help="the cluster secret (needed when the cluster has one)")
+    dec.add_argument("--timeout", type=float, default=600.0,
+                     help="give up (exit 1) after this many seconds (default 600)")
     return ap
 
 
@@ -82,6 +96,16 @@ async def up(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "decommission":
+        from cluster import admin
+
+        try:
+            via = admin.parse_seeds(args.via)
+            return asyncio.run(admin.decommission(args.id, via, args.secret_file,
+                                                  args.timeout))
+        except (admin.AdminError, ConfigError, OSError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     try:
         return asyncio.run(up(args))
     except UpError as exc:

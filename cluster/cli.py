@@ -61,6 +61,8 @@ _FLAGS: dict[str, tuple[str, type, str]] = {
     "reconcile_timeout": ("reconcile_timeout", float,
                           "at start, time to settle in-doubt ops before serving (5 s)"),
     "max_clock_skew": ("max_clock_skew", float, "client clock difference allowed for ts_ms (1 s)"),
+    "advertise": ("advertise", str, "HOST:PORT the other members reach this node at, when "
+                                    "--listen is not it (0.0.0.0, a container): with --join"),
 }
 
 
@@ -82,12 +84,27 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--keep-log", action="store_true", default=None,
                     help="archive the log segments a snapshot covers (log/archive/) instead of "
                          "deleting them, for post-mortems (python -m client.chaos --explain)")
+    ap.add_argument("--join", default=None, metavar="HOST:PORT[,HOST:PORT...]",
+                    help="join the running cluster one of these members belongs to (instead of "
+                         "--peers); the node takes its share of the keys after READY, once a "
+                         "dedup window has passed (docs/membership.md)")
+    ap.add_argument("--replace", default=None, metavar="ID",
+                    help="with --join and an empty --data-dir: take the ranges of the dead "
+                         "member ID under this node's new --id")
     ap.add_argument("--config", default=None, help="JSON or TOML file with the same fields")
     ap.add_argument("--log-level", default="INFO")
     return ap
 
 
 def config_from_args(argv: Sequence[str] | None = None) -> tuple[NodeConfig, str]:
+    """The config and the log level."""
+    config, level, _join, _replaces = parse(argv)
+    return config, level
+
+
+def parse(argv: Sequence[str] | None = None
+          ) -> tuple[NodeConfig, str, str | None, str | None]:
+    """The config, the log level, ``--join`` and ``--replace``."""
     args = build_parser().parse_args(argv)
     values: dict[str, Any] = load_file(args.config) if args.config else {}
     for flag, (name, _, _) in _FLAGS.items():
@@ -98,7 +115,18 @@ def config_from_args(argv: Sequence[str] | None = None) -> tuple[NodeConfig, str
         values["fsync"] = args.fsync
     if args.keep_log:
         values["keep_log"] = True
-    return from_mapping(values), args.log_level
+    if args.replace and not args.join:
+        raise ConfigError("--replace: needs --join HOST:PORT (a live member)")
+    if args.join:
+        if values.get("peers"):
+            raise ConfigError("--join and --peers: give one (--peers starts a new cluster)")
+        addr = values.get("advertise") or values.get("listen") or ""
+        if str(addr).endswith(":0"):
+            raise ConfigError("--join: the node needs a fixed port (--listen HOST:PORT, or "
+                              "--advertise HOST:PORT) that the members can dial")
+        # until the cluster's members are known (server.run): this node alone
+        values["peers"] = f"{values.get('node_id', '')}={addr}"
+    return from_mapping(values), args.log_level, args.join, args.replace
 
 
 class JsonFormatter(logging.Formatter):
@@ -140,11 +168,11 @@ def setup_logging(level: str, node_id: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        config, level = config_from_args(argv)
+        config, level, join, replaces = parse(argv)
     except (ConfigError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     setup_logging(level, config.node_id)
     from cluster.server import run
 
-    return run(config)
+    return run(config, join, replaces)

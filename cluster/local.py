@@ -193,6 +193,7 @@ class LocalCluster:
         ports = ([base_port + i for i in range(nodes)] if base_port else free_ports(nodes, host))
         ids = [f"n{i + 1}" for i in range(nodes)]
         peers = ",".join(f"{i}={host}:{p}" for i, p in zip(ids, ports, strict=True))
+        self.host, self.extra_args = host, list(extra_args)
         self.nodes: dict[str, NodeProcess] = {}
         for node_id, port in zip(ids, ports, strict=True):
             args = ["--id", node_id, "--listen", f"{host}:{port}", "--peers", peers,
@@ -200,6 +201,21 @@ class LocalCluster:
                     *extra_args, *(node_args or {}).get(node_id, ())]
             self.nodes[node_id] = NodeProcess(node_id, host, port, args, self.data_dir / node_id,
                                               self.data_dir / f"{node_id}.log")
+
+    def add_node(self, node_id: str, *, join: Sequence[str], replaces: str | None = None,
+                 port: int | None = None, args: Sequence[str] = ()) -> NodeProcess:
+        """A node that joins the running cluster through ``join`` (member ids), taking the
+        place of ``replaces`` if given (``--replace``); started by its ``start()``."""
+        port = port or free_ports(1, self.host)[0]
+        seeds = ",".join(self.nodes[j].address for j in join)
+        argv = ["--id", node_id, "--listen", f"{self.host}:{port}", "--join", seeds,
+                "--data-dir", str(self.data_dir / node_id), *self.extra_args, *args]
+        if replaces:
+            argv += ["--replace", replaces]
+        node = self.nodes[node_id] = NodeProcess(node_id, self.host, port, argv,
+                                                 self.data_dir / node_id,
+                                                 self.data_dir / f"{node_id}.log")
+        return node
 
     @property
     def urls(self) -> list[str]:

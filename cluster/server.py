@@ -21,6 +21,7 @@ from cluster.core.clock import OFFSET_ENV, injected_offset, offset_clock
 from cluster.core.config import NodeConfig
 from cluster.core.errors import ClusterError, ConfigError
 from cluster.core.fbf import hotpath
+from cluster.core.membership import Membership
 from cluster.core.metrics import Histogram
 from cluster.edge.http_api import Edge, http_protocol, load_tokens, make_app
 from cluster.edge.listener import Listener, server_ssl
@@ -28,6 +29,7 @@ from cluster.edge.raw import RawServer
 from cluster.roles.antientropy import antientropy_loop
 from cluster.roles.failure import heartbeat_loop
 from cluster.roles.member import Node
+from cluster.roles.membership import catch_up, move_loop
 from cluster.roles.settle import settle_loop
 from cluster.transport.peer import close_all
 
@@ -51,9 +53,9 @@ class NodeServer:
     """Owns the node, its listening socket and its background tasks (an async context manager)."""
 
     def __init__(self, config: NodeConfig, *, ready_stream: TextIO | None = None,
-                 raw_http: bool = True) -> None:
+                 raw_http: bool = True, members: Membership | None = None) -> None:
         self.config = config
-        self.node = Node(config, clock=_node_clock(config.node_id))
+        self.node = Node(config, clock=_node_clock(config.node_id), members=members)
         self.listener: Listener | None = None
         self.raw_http = raw_http  # False: aiohttp serves every request (tests compare the two)
         self.raw: RawServer | None = None
@@ -98,7 +100,9 @@ class NodeServer:
             asyncio.create_task(self._sweep_loop(), name="sweep"),
             asyncio.create_task(settle_loop(node, cfg.quorum_timeout), name="in-doubt"),
             asyncio.create_task(antientropy_loop(node, cfg.antientropy_interval),
-                                name="anti-entropy")]
+                                name="anti-entropy"),
+            asyncio.create_task(move_loop(node, node.changes), name="moves"),
+            asyncio.create_task(self._depart_when_left(), name="departure")]
         log.info("node ready", extra={"fields": {
             "node": node.id, "address": f"{host}:{port}", "replayed": replayed,
             "counters": node.state.shards.keys, "in_doubt": len(node.pending),
@@ -201,6 +205,18 @@ class NodeServer:
             for link in self.node.links.values():
                 link.sweep(max_age=4 * self.config.quorum_timeout)
 
+    async def _depart_when_left(self) -> None:
+        """Once the membership says this node left (a decommission finished): settle what it
+        still holds in doubt, hand off its hints, swap entries once more, and stop (exit 0)."""
+        node = self.node
+        await node.departed.wait()
+        log.info("this node left the cluster: handing off, then stopping")
+        try:
+            await asyncio.wait_for(catch_up(node), 4 * self.config.reconcile_timeout)
+        except Exception as exc:  # noqa: BLE001 - the others' anti-entropy holds every pair
+            log.warning("hand-off before leaving not finished: %r", exc)
+        self.request_stop()
+
     def request_stop(self) -> None:
         self._stopping.set()
 
@@ -287,11 +303,21 @@ def _why(exc: OSError, path: str | None = None) -> str:
     return f"{text}: {exc.filename}" if exc.filename and exc.filename != path else text
 
 
-def run(config: NodeConfig) -> int:
-    """Run a node until SIGTERM/SIGINT; the exit status."""
+def run(config: NodeConfig, join: str | None = None, replaces: str | None = None) -> int:
+    """Run a node until SIGTERM/SIGINT, or until it left the cluster; the exit status.
+    ``join``: seeds (HOST:PORT,...) of a running cluster to join, ``replaces`` the dead member
+    this node takes the place of (``cluster.admin.join``)."""
 
     async def main() -> None:
-        server = NodeServer(config, ready_stream=sys.stdout)
+        nonlocal config
+        members = None
+        if join:
+            from cluster import admin
+
+            advertise = config.advertise or "{}:{}".format(*config.listen)
+            members = await admin.join(config, admin.parse_seeds(join), advertise, replaces)
+            config = admin.configured(config, members)
+        server = NodeServer(config, ready_stream=sys.stdout, members=members)
         # Handlers before start: READY is printed inside start(), and a SIGTERM sent right after
         # it (a launcher stopping the nodes it started) must drain and exit 0, not kill.
         loop = asyncio.get_running_loop()

@@ -160,6 +160,7 @@ class NodeConfig:
     max_hints: int = 100_000
     reconcile_timeout: float = 5.0
     max_clock_skew: float = 1.0
+    advertise: str = ""  # HOST:PORT peers and clients reach this node at (default: listen)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -104,6 +104,9 @@ class NodeMetrics:
     overflows: int = 0
     clock_skew_refusals: int = 0
     clock_skew_episodes: int = 0
+    stale_ring_refusals: int = 0
+    ring_conflicts: int = 0
+    ring_version: int = 0
     requests: dict[str, Histogram] = field(default_factory=dict)
     loop_lag: Histogram = field(default_factory=lambda: Histogram(LOOP_LAG_BUCKETS))
 
@@ -203,6 +206,9 @@ def render(node: Any, auth: Any = None, edge: Any = None) -> str:
         ("clock_skew_refusals", "ops refused (503 clock_skew) while this node's clock was "
          "beyond max_clock_skew from a majority of its peers'"),
         ("clock_skew_episodes", "times this node started refusing for its clock"),
+        ("stale_ring_refusals", "op copies and forwards refused from a peer that showed an "
+         "older membership version (it learns the new one at its next heartbeat)"),
+        ("ring_conflicts", "memberships seen with our version but other content (refused)"),
     ):
         ex.simple(f"idc_{name}_total", "counter", help_text, getattr(m, name))
     ex.simple("idc_antientropy_cpu_seconds_total", "counter",
@@ -237,6 +243,7 @@ def render(node: Any, auth: Any = None, edge: Any = None) -> str:
     ex.simple("idc_clock_refusing", "gauge", "1 while this node refuses to count because its "
               "clock is beyond max_clock_skew from a majority of its peers'",
               int(node.clocks.refusing))
+    _membership_families(ex, node)
     _wal_families(ex, node.log.stats())
     if auth is not None:
         _refusals(ex, "idc_peer_auth_rejected_total",
@@ -256,6 +263,18 @@ def render(node: Any, auth: Any = None, edge: Any = None) -> str:
     ex.histogram("idc_loop_lag_seconds", "how late a periodic timer fires: the event loop's "
                  "stalls", [("", m.loop_lag)])
     return ex.render()
+
+
+def _membership_families(ex: Exposition, node: Any) -> None:
+    ms = node.membership
+    ex.simple("idc_ring_version", "gauge", "the membership version this node holds",
+              ms.version)
+    ex.family("idc_ring_members", "gauge", "members by state (normal, joining, leaving, left)")
+    for state in ("normal", "joining", "leaving", "left"):
+        ex.sample("idc_ring_members", len(ms.ids(state)), {"state": state})
+    ex.simple("idc_ring_move_seconds", "gauge", "seconds the move under way has lasted (0: "
+              "none; it finishes after the dedup window, once the new replicas caught up)",
+              max(0.0, node.clock() - ms.moving_since) if ms.moving else 0.0)
 
 
 def _refusals(ex: Exposition, name: str, help_text: str, refusals: Refusals) -> None:

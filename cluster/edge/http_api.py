@@ -106,6 +106,12 @@ async def ready(request: web.Request) -> web.Response:
     return reply(request, {"node": node.id, "ready": True})
 
 
+async def ring(request: web.Request) -> web.Response:
+    """The membership this node holds: version, members and their states (``down`` for a
+    member the failure detector sees down), rf, and the move under way."""
+    return reply(request, request.app[NODE_KEY].ring_view())
+
+
 async def openapi(request: web.Request) -> web.Response:
     cfg = request.app[NODE_KEY].config
     return web.json_response(spec(max_batch_ops=cfg.max_batch_ops,
@@ -197,6 +203,7 @@ def make_app(node: Node, edge: Edge | None = None) -> web.Application:
     app.router.add_get("/v1/counters/{table}/{key}", _timed("get_counter", get_counter))
     app.router.add_get("/v1/health", _timed("health", health))
     app.router.add_get("/v1/ready", _timed("ready", ready))
+    app.router.add_get("/v1/ring", _timed("ring", ring))
     app.router.add_get("/metrics", _timed("metrics", metrics))
     app.router.add_get("/v1/openapi.json", _timed("openapi", openapi))
     app.router.add_route("*", "/{tail:.*}", _timed("not_found", _not_found))

@@ -65,8 +65,9 @@ def _failure_level(node: Node) -> int:
 
 
 def _replica_sets(ring: Any) -> Callable[[str, str], frozenset[str]]:
-    """A key's replica set (one frozenset per distinct preference list, shared)."""
-    prefs = ring.preference_list
+    """A key's replica set (one frozenset per distinct preference list, shared); while a move
+    is under way, with the member gaining the key (``Placement.write_set``)."""
+    prefs = getattr(ring, "write_set", ring.preference_list)
     sets: dict[tuple[str, ...], frozenset[str]] = {}
 
     def group_of(table: str, key: str) -> frozenset[str]:

@@ -22,9 +22,9 @@ from typing import Any
 
 from cluster.core.config import NodeConfig
 from cluster.core.errors import PeerError, Unavailable
+from cluster.core.membership import Placement
 from cluster.core.metrics import NodeMetrics
 from cluster.core.ops import Op
-from cluster.core.ring import Ring
 from cluster.transport.peer import PeerLink
 from cluster.transport.wire import Kind, Status
 
@@ -67,8 +67,8 @@ class Coordinator:
     """Routes ops; ``lead`` runs the ones this node leads, ``is_live`` is read at each call
     (the node swaps in its failure detector once heartbeats run)."""
 
-    def __init__(self, node_id: str, config: NodeConfig, ring: Ring, links: dict[str, PeerLink],
-                 metrics: NodeMetrics, *,
+    def __init__(self, node_id: str, config: NodeConfig, ring: Placement,
+                 links: dict[str, PeerLink], metrics: NodeMetrics, *,
                  lead: Callable[[Sequence[Op], Sequence[float] | None], Any],
                  is_live: Callable[[], Callable[[str], bool]],
                  clock: Callable[[], float] = time.time) -> None:

@@ -23,6 +23,7 @@ from cluster.transport.wire import Kind
 
 if TYPE_CHECKING:
     from cluster.core.clock import PeerClocks
+    from cluster.core.membership import Membership
     from cluster.transport.peer import PeerLink
 
 
@@ -34,6 +35,9 @@ class Node(Protocol):
     clocks: PeerClocks
     clock: Callable[[], float]
     monotonic: Callable[[], float]
+    membership: Membership
+
+    def saw_ring(self, peer: str, version: Any) -> None: ...
 
 log = logging.getLogger("cluster.failure")
 
@@ -77,10 +81,20 @@ class FailureDetector:
         self.timeout = timeout
         now = clock()
         # The floor keeps a burst of fast heartbeats from making one slow one look fatal.
-        self.peers = {p: PhiDetector(now, floor=max(interval, timeout / threshold / _LOG10_E))
-                      for p in peers}
+        self._floor = max(interval, timeout / threshold / _LOG10_E)
+        self.peers = {p: PhiDetector(now, floor=self._floor) for p in peers}
         self.on_change: Callable[[str, bool], None] | None = None
         self._live = dict.fromkeys(peers, True)
+
+    def add(self, peer: str) -> None:
+        """A new member (elastic membership): trusted until its heartbeats say otherwise."""
+        if peer not in self.peers:
+            self.peers[peer] = PhiDetector(self.clock(), floor=self._floor)
+            self._live[peer] = True
+
+    def remove(self, peer: str) -> None:
+        self.peers.pop(peer, None)
+        self._live.pop(peer, None)
 
     def heartbeat(self, peer: str, ready: bool = True) -> None:
         d = self.peers.get(peer)
@@ -129,6 +143,7 @@ async def heartbeat_loop(node: Node, detector: FailureDetector, interval: float)
         if not isinstance(body, dict):
             detector.heartbeat(peer)
             return
+        node.saw_ring(peer, body.get("ring"))
         peer_wall = body.get("t")
         if isinstance(peer_wall, float | int) and not isinstance(peer_wall, bool):
             node.clocks.sample(peer, sent_wall, node.monotonic() - sent_mono, float(peer_wall))
@@ -140,7 +155,8 @@ async def heartbeat_loop(node: Node, detector: FailureDetector, interval: float)
     while True:
         for peer, link in node.links.items():
             sent_wall, sent_mono = node.clock(), node.monotonic()
-            fut = link.call(Kind.PING, [{"ready": node.ready, "t": sent_wall}], probe=True)
+            fut = link.call(Kind.PING, [{"ready": node.ready, "t": sent_wall,
+                                         "ring": node.membership.version}], probe=True)
             fut.add_done_callback(functools.partial(answered, peer, sent_wall, sent_mono))
         detector.check_all()
         node.clocks.update()  # samples go stale when a peer goes quiet

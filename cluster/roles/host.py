@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from cluster.core.config import NodeConfig
+    from cluster.core.membership import Placement
     from cluster.core.metrics import NodeMetrics
-    from cluster.core.ring import Ring
     from cluster.roles.state import NodeState
     from cluster.transport.peer import PeerLink
 
@@ -19,7 +19,7 @@ class Host(Protocol):
 
     id: str
     config: NodeConfig
-    ring: Ring
+    ring: Placement
     state: NodeState
     links: dict[str, PeerLink]
     metrics: NodeMetrics

@@ -25,9 +25,9 @@ from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
 from cluster.core.config import NodeConfig
+from cluster.core.membership import Placement
 from cluster.core.metrics import NodeMetrics
 from cluster.core.ops import ITEM_OP_ID, ItemFields, Op
-from cluster.core.ring import Ring
 from cluster.roles.admission import SAFE_ENTRY, Admission
 from cluster.roles.antientropy import Hints
 from cluster.roles.batching import TickBatcher
@@ -52,7 +52,7 @@ class Leader:
     links, metrics, claims and hints, and four calls back into the node's recovery (settle a
     key, settle one op, give back a check's claims, confirm duplicates)."""
 
-    def __init__(self, config: NodeConfig, ring: Ring, state: NodeState, log: DurableLog,
+    def __init__(self, config: NodeConfig, ring: Placement, state: NodeState, log: DurableLog,
                  links: dict[str, PeerLink], metrics: NodeMetrics, claims: Any, hints: Hints,
                  *, clock: Callable[[], float],
                  monotonic: Callable[[], float] = time.monotonic,
@@ -79,9 +79,15 @@ class Leader:
         self.admission = Admission(config, state, claims, self.leases, metrics,
                                    release_claims=release_claims, monotonic=monotonic)
         self.batcher: TickBatcher[Op] = TickBatcher(self._lead_now)
+        self.use_ring(ring)
+
+    def use_ring(self, ring: Placement) -> None:
+        """Place keys by ``ring`` from now on (a membership change, ``member.Node.install``)."""
+        self.ring = ring
         self._targets: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._everyone_else = (tuple(m for m in ring.members if m != self.id)
                                if ring.replicates_everywhere else None)
+        self._moving = getattr(ring, "moving", False)  # a plain Ring never moves
 
     def submit(self, ops: Sequence[Op]) -> asyncio.Future[list[int]]:
         """Lead ``ops`` (admitted by the caller's checks); merged with every other batch led in
@@ -242,10 +248,11 @@ class Leader:
         return statuses, own, groups, dup_waits
 
     def targets_of(self, table: str, key: str) -> tuple[str, ...]:
-        """The key's replicas other than this node (cached per preference list)."""
+        """The key's replicas other than this node (cached per preference list); while a
+        move is under way, also the member gaining the key (``Placement.write_set``)."""
         if self._everyone_else is not None:
             return self._everyone_else
-        prefs = self.ring.preference_list(table, key)
+        prefs = (self.ring.write_set if self._moving else self.ring.preference_list)(table, key)
         targets = self._targets.get(prefs)
         if targets is None:
             targets = self._targets[prefs] = tuple(t for t in prefs if t != self.id)
@@ -271,7 +278,10 @@ class Leader:
         timeout = self.config.quorum_timeout
         every = quorum_future(remote, len(remote), timeout)
         every.add_done_callback(functools.partial(self._mark_behind, targets, remote))
-        others = quorum_future(remote, self.config.quorum - 1, timeout)
+        # one more copy for each member gaining the key in a move (targets beyond rf - 1): W
+        # copies in the old replica set and W in the new one (core/membership.py)
+        extra = max(0, len(targets) + 1 - self.ring.rf) if self._moving else 0
+        others = quorum_future(remote, self.config.quorum - 1 + extra, timeout)
         done = quorum_future([own, others], 2, timeout)
         inflight = self._inflight
         op_ids = [item[ITEM_OP_ID] for item in items]

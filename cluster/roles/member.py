@@ -21,11 +21,12 @@ from typing import Any
 
 from cluster.core.clock import PeerClocks
 from cluster.core.config import NodeConfig
+from cluster.core.membership import LEFT, Membership, Placement
 from cluster.core.metrics import NodeMetrics
 from cluster.core.ops import Item, ItemFields, Op
-from cluster.core.ring import RING_HASH, Ring
+from cluster.core.ring import RING_HASH
 from cluster.core.shards import CounterEntry
-from cluster.roles import antientropy, checks, settle
+from cluster.roles import antientropy, checks, membership, settle
 from cluster.roles.admission import needs_check, stale_after_ms
 from cluster.roles.antientropy import Hints
 from cluster.roles.coordinator import Coordinator, unstamped
@@ -55,17 +56,24 @@ class Node:
     def __init__(self, config: NodeConfig, *, clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic,
                  links: Mapping[str, PeerLink] | None = None, log: DurableLog | None = None,
-                 incarnation: Callable[[], int] | None = None) -> None:
+                 incarnation: Callable[[], int] | None = None,
+                 members: Membership | None = None) -> None:
         """``clock`` (wall) and ``monotonic`` are every clock the roles read; ``links``, ``log``
         and ``incarnation`` (the counter ``recover`` bumps) replace the TCP links, the log
-        directory and the incarnation file when given (the simulator, ``cluster.sim``)."""
+        directory and the incarnation file when given (the simulator, ``cluster.sim``).
+        ``members``: the membership to start from; else the data directory's ring file
+        (``cluster.roles.membership``) or, for a new cluster, ``--peers`` (version 1)."""
         self.config = config
         self.id = config.node_id
         self.clock = clock
         self.monotonic = monotonic
         data_dir = Path(config.data_dir)
+        self._data_dir = data_dir if log is None else None  # None: keep the ring in memory
         self._incarnation = incarnation or (lambda: next_incarnation(data_dir))
-        self.ring = Ring([p[0] for p in config.peers], vnodes=config.vnodes, rf=config.rf)
+        self.membership = members or self._initial_membership(config)
+        self.ring: Placement = self.membership.placement()
+        self.peer_versions: dict[str, int] = {}  # the ring version each peer last showed
+        self.departed = asyncio.Event()  # set once this node's state is ``left``
         self.state = NodeState(config, clock=clock)
         self.origin = self.id  # becomes "<id>@<incarnation>" in recover()
         self.log = log if log is not None else DurableLog(
@@ -107,15 +115,101 @@ class Node:
         self.coordinator = Coordinator(self.id, config, self.ring, self.links, self.metrics,
                                        lead=self.lead, is_live=lambda: self.is_live,
                                        clock=clock)
+        self.changes = membership.Changes(self)
+        self.metrics.ring_version = self.membership.version
 
     def _dial(self, config: NodeConfig) -> dict[str, PeerLink]:
-        """One TCP ``PeerLink`` per peer (the production transport)."""
-        link_ssl = peer_ssl(config)
-        return {pid: PeerLink(self.id, pid, *config.dial_addr(pid),
-                              connect_timeout=config.peer_connect_timeout,
-                              max_inflight_frames=config.max_inflight_frames, auth=self.auth,
-                              ssl_context=link_ssl)
-                for pid, _, _ in config.peers if pid != self.id}
+        """One TCP ``PeerLink`` per member holding keys (the production transport)."""
+        self._link_ssl = peer_ssl(config)
+        return {pid: self._link(pid) for pid in self.membership.reachable if pid != self.id}
+
+    def _link(self, pid: str) -> PeerLink:
+        config = self.config
+        via = {v[0]: (v[1], v[2]) for v in config.connect_via}
+        member = self.membership.get(pid)
+        assert member is not None
+        host, port = via.get(pid, (member.host, member.port))
+        return PeerLink(self.id, pid, host, port, connect_timeout=config.peer_connect_timeout,
+                        max_inflight_frames=config.max_inflight_frames, auth=self.auth,
+                        ssl_context=self._link_ssl)
+
+    def _initial_membership(self, config: NodeConfig) -> Membership:
+        """The ring file once the membership changed (version > 1); else ``--peers``, which
+        stays the way to change a static cluster (restart every node with a new list)."""
+        boot = Membership.bootstrap(config.peers, rf=config.rf, vnodes=config.vnodes)
+        saved = membership.load_ring(self._data_dir) if self._data_dir is not None else None
+        if saved is not None and saved.version > 1:
+            if {m.id for m in boot.members} != set(saved.reachable):
+                log.warning("--peers differs from the membership this node saved (version "
+                            "%d): using the saved one", saved.version)
+            return saved
+        if self._data_dir is not None and saved != boot:
+            membership.save_ring(self._data_dir, boot)
+        return boot
+
+    # -- membership ------------------------------------------------------------------------
+
+    def install(self, ms: Membership) -> bool:
+        """Take a newer membership: write it durably, place keys by it, link to new members
+        and drop departed ones. False (nothing done) when it is not newer."""
+        current = self.membership
+        if ms.version <= current.version:
+            if ms.version == current.version and ms != current:
+                self.metrics.ring_conflicts += 1
+                log.error("two memberships with version %d: keeping ours", ms.version)
+            return False
+        if self._data_dir is not None:
+            membership.save_ring(self._data_dir, ms)
+        self.membership = ms
+        self.use_placement(ms.placement())
+        for m in ms.members:
+            if m.id == self.id:
+                continue
+            if m.state != LEFT and m.id not in self.links and hasattr(self, "_link_ssl"):
+                link = self.links[m.id] = self._link(m.id)
+                link.connect_soon()
+                self.detector.add(m.id)
+            elif m.state == LEFT and m.id in self.links:
+                self.spawn(self.links.pop(m.id).stop())
+                self.detector.remove(m.id)
+        self.metrics.ring_version = ms.version
+        log.info("membership version %d installed", ms.version, extra={"fields": {
+            "version": ms.version, "moves": ms.moves()}})
+        if membership.departed(ms, self.id):
+            self.departed.set()
+        return True
+
+    def use_placement(self, placement: Placement) -> None:
+        """Place keys by ``placement`` from now on. When leaders change (a move finished or was
+        aborted), every op is checked on the replicas for one window: a key's previous leader
+        may have applied a copy the new one has not seen."""
+        before = self.ring
+        self.ring = self.leader.ring = self.coordinator.ring = placement
+        self.leader.use_ring(placement)
+        if before.members != placement.members:
+            self._degraded_until = self.monotonic() + self.config.window
+
+    def saw_ring(self, peer: str, version: Any) -> None:
+        """A peer showed its ring version (heartbeats): pull its ring when newer."""
+        if type(version) is not int:
+            return
+        self.peer_versions[peer] = version
+        if version > self.membership.version:
+            self.spawn(membership.pull(self, peer))
+
+    def behind_ring(self, peer: str) -> bool:
+        """``peer`` last showed an older ring than ours: its writes may miss a new replica."""
+        return self.peer_versions.get(peer, self.membership.version) < self.membership.version
+
+    def write_set(self, table: str, key: str) -> tuple[str, ...]:
+        return self.ring.write_set(table, key)
+
+    def move_hold(self) -> float:
+        """How long a move lasts at least: the longest dedup window, the clock skew allowed,
+        and two failure timeouts (a peer behind on the ring learns it within one)."""
+        windows = [d.window for d in self.state.dedups.values()]
+        return (max([self.config.window, *windows]) + self.config.max_clock_skew
+                + 2 * self.config.failure_timeout)
 
     @property
     def pending(self) -> dict[str, ItemFields]:
@@ -225,9 +319,14 @@ class Node:
         Each start is a new incarnation with its own origin id (``n1@7``), so this node never
         raises a pair that peers may know a higher value of: a record replicated but lost from
         our own log tail in a crash cannot collide with what we apply after the restart.
+        A member admitted by a join carries the version that admitted it (``n4@12.1``): an
+        id that left and comes back, even on an empty disk, never reuses an origin.
         """
         incarnation = self._incarnation()
-        self.origin = f"{self.id}@{incarnation}"
+        me = self.membership.get(self.id)
+        since = me.since if me is not None else 1
+        life = f"{since}.{incarnation}" if since > 1 else str(incarnation)
+        self.origin = f"{self.id}@{life}"
         self.state.set_origin(self.origin)
         await self.log.start()
         blob = self.log.load_snapshot()
@@ -292,7 +391,8 @@ class Node:
                            "estimated_fpp": d.estimated_fpp()}
                        for t, d in state.dedups.items()},
             "peers": {pid: link.connected for pid, link in self.links.items()},
-            "addresses": {pid: f"{host}:{port}" for pid, host, port in self.config.peers},
+            "addresses": {m.id: m.addr for m in self.membership.members if m.state != LEFT},
+            "ring_version": self.membership.version,
             "ring": {"vnodes": self.ring.vnodes, "hash": RING_HASH,
                      "key": "<table>/<key>"},
             "counters": state.shards.keys,
@@ -303,6 +403,19 @@ class Node:
                       "peer_offsets_s": {p: round(o, 4)
                                          for p, o in self.clocks.offsets().items()}},
         }
+
+    def ring_view(self) -> dict[str, Any]:
+        """``GET /v1/ring``: the contract's shape, plus the move under way."""
+        ms = self.membership
+        members = [{"id": m.id, "addr": m.addr,
+                    "state": m.state if m.state == LEFT or m.id == self.id or self.is_live(m.id)
+                    else "down", "since": m.since} for m in ms.members]
+        move = None
+        if ms.moving:
+            move = {**ms.moves(), "since": ms.moving_since,
+                    "finishes_after": ms.moving_since + self.move_hold()}
+        return {"version": ms.version, "members": members, "rf": ms.rf, "vnodes": ms.vnodes,
+                "claimant": ms.claimant(), "move": move}
 
     # -- leading -----------------------------------------------------------------------
 
@@ -326,8 +439,14 @@ class Node:
     def handle_peer(self, peer_id: str, kind: int, body: Any) -> Any:
         """Dispatch one inbound peer frame (the ``PeerProtocol`` handler)."""
         if kind == Kind.REPLICATE:
+            if self.behind_ring(peer_id):  # its write sets may miss a member gaining the key
+                self.metrics.stale_ring_refusals += len(body)
+                return False
             return self.replica.on_replicate(body)  # None once durable, False if refused
         if kind == Kind.FORWARD:
+            if self.behind_ring(peer_id):  # routed by an old ring: the client retries
+                self.metrics.stale_ring_refusals += len(body)
+                return [_UNAVAILABLE] * len(body)
             return self.lead(*unstamped(body, stale_after_ms(self.config), self.clock()))
         if kind == Kind.READ:
             return self.replica.on_read(body)
@@ -337,9 +456,13 @@ class Node:
             link = self.links.get(peer_id)
             if link is not None and not link.connected:
                 link.forget_failure()  # it reached us: the way back is worth trying at once
+            if body and isinstance(body[-1], dict):
+                self.saw_ring(peer_id, body[-1].get("ring"))
             # a node refusing for its clock says so: its peers take it as down and lead its keys
-            return [{"ready": self.ready, "t": self.clock(),
+            return [{"ready": self.ready, "t": self.clock(), "ring": self.membership.version,
                      "clock_skew": self.clocks.refusing}] * len(body)
+        if kind == Kind.RING:
+            return self.changes.on_ring(peer_id, body)
         if kind == Kind.HOLDS:
             if self.clocks.refusing:  # no claim, no "not held" judged on a wrong clock
                 return self._holds_refused(body, peer_id)

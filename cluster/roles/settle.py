@@ -140,6 +140,9 @@ def _verdict(node: Node, item: Item, answered: int,
     published only if a replica holds our pair of it (our replication reached it: it stands,
     and a duplicate may have been answered for it), and withdrawn once every replica answered
     without it: "not held" from a replica that may have forgotten proves nothing."""
+    # while a move is under way the member gaining the key was written to (and counted) too
+    others = [r for r in node.ring.write_set(item.table, item.key) if r != node.id]
+    extra = max(0, len(others) + 1 - node.ring.rf)
     if any(held == BUSY for _, (held, _), _ in answers):
         return "wait"
     me = node.id
@@ -151,8 +154,8 @@ def _verdict(node: Node, item: Item, answered: int,
     if _past_memory(node, item):
         if any(_covers(entry, item) for _, _, entry in answers):
             return "publish"
-        return "withdraw" if answered >= node.ring.rf - 1 else "wait"
-    if answered < node.ring.rf - node.config.quorum:
+        return "withdraw" if answered >= len(others) else "wait"
+    if answered < len(others) + 1 - node.config.quorum - extra:
         return "wait"  # a replica that applied it may be among the silent ones
     return "publish"
 
@@ -168,7 +171,7 @@ async def ask_holds_many(node: Node, table: str, key: str, op_ids: list[str]
                          ) -> list[tuple[str, list[tuple[int, bool]], CounterEntry]]:
     """``ask_holds`` for several ops of one key in one frame per replica (claiming each): per
     replica that answered in time, its answers in op order and the key's entry."""
-    others = [r for r in node.ring.preference_list(table, key) if r != node.id]
+    others = [r for r in node.ring.write_set(table, key) if r != node.id and r in node.links]
     futs = {r: node.links[r].call(Kind.HOLDS, [[table, key, op_id, CLAIM] for op_id in op_ids])
             for r in others}
     if futs:

@@ -40,7 +40,8 @@ class Kind(IntEnum):
     REPLICATE = 2  # body: [[op_id, table, key, origin, p, n, delta, ts], ...] -> None once durable
     READ = 3  # body: [[table, key], ...] -> [{origin: [p, n]}, ...]
     REPAIR = 4  # body: [[table, key, {origin: [p, n]}], ...] -> None once durable
-    PING = 5  # body: {"ready", "t": wall s} -> {"ready", "t", "clock_skew": refusing} (heartbeat,
+    PING = 5  # body: {"ready", "t": wall s, "ring": version} -> {"ready", "t", "ring",
+    #          "clock_skew": refusing} (heartbeat,
     #          cluster/roles/failure.py; "t" measures clock offsets, cluster/core/clock.py)
     # HOLDS body: [[table, key, op_id, mode?, born?], ...] -> [[held, checked, {origin: [p, n]}],
     # ...] (cluster/roles/checks.py: mode QUERY/CLAIM/RELEASE, born the op's first send)
@@ -53,6 +54,9 @@ class Kind(IntEnum):
     # "keys": {table: [key, ...]}} -> [[table, key, entry], ...]
     ENTRIES = 8
     DEDUP = 9  # body: [table, ...] -> {table: dedup.to_bytes()}
+    # RING body: [{"op": "get"|"install"|"change"|"sync", ...}, ...] -> one answer each
+    # (elastic membership, cluster/roles/membership.py)
+    RING = 10
     REPLY = 100
     ERROR = 101
 

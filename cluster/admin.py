@@ -1,0 +1,145 @@
+"""Membership from outside a running node: join a cluster (``--join``, ``--replace``) and
+``python -m cluster decommission``. Both speak RING frames as a peer (signed with the cluster
+secret, so a client without it cannot change membership; ``cluster.roles.membership``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from cluster.core.config import NodeConfig, parse_hostport
+from cluster.core.errors import ConfigError
+from cluster.core.membership import LEFT, Membership, MembershipError
+from cluster.roles.membership import load_ring
+from cluster.transport.auth import PeerAuth, load_secret
+from cluster.transport.peer import PeerLink
+from cluster.transport.wire import Kind
+
+
+class AdminError(Exception):
+    """A membership command failed; the message is the one line the user sees."""
+
+
+def parse_seeds(text: str) -> list[tuple[str, int]]:
+    return [parse_hostport(s.strip(), name="join") for s in text.split(",") if s.strip()]
+
+
+async def ask(seeds: Sequence[tuple[str, int]], own_id: str, secret_file: str | None,
+              item: dict[str, Any], timeout: float = 30.0) -> Any:
+    """Send one RING item to the first seed that answers; its answer. Each seed is asked as
+    the peer it is (``to`` in the signed HELLO): its id comes from a first ``get``."""
+    secret = load_secret(secret_file) if secret_file else None
+    auth = PeerAuth(own_id, secret)
+    errors = []
+    for host, port in seeds:
+        link = PeerLink(own_id, "?", host, port, auth=auth, connect_timeout=2.0)
+        try:
+            link.peer_id = await _peer_id(host, port, timeout)
+            return (await asyncio.wait_for(link.call(Kind.RING, [item]), timeout))[0]
+        except Exception as exc:  # noqa: BLE001 - try the next seed, report them all
+            errors.append(f"{host}:{port}: {exc}")
+        finally:
+            link.abort()
+    raise AdminError("; ".join(errors) or "no seed given")
+
+
+async def _peer_id(host: str, port: int, timeout: float) -> str:
+    """The id of the node at host:port (its /v1/health over HTTP: a HELLO must name it)."""
+    import aiohttp
+
+    try:
+        async with (aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s,
+                    s.get(f"http://{host}:{port}/v1/health") as resp):
+            health = await resp.json()
+    except Exception as exc:  # noqa: BLE001 - said in one line
+        raise AdminError(f"no node answers at {host}:{port}: {exc!r}") from exc
+    return str(health["node"])
+
+
+async def join(config: NodeConfig, seeds: Sequence[tuple[str, int]], advertise: str,
+               replaces: str | None) -> Membership:
+    """The membership a node starting with ``--join`` runs under: the one in its data
+    directory if it is a member already (a restart), else the one the claimant returns once
+    it admitted this node (joining, or replacing ``replaces``)."""
+    saved = load_ring(Path(config.data_dir))
+    me = saved.get(config.node_id) if saved is not None else None
+    if saved is not None and me is not None and me.state != LEFT:
+        return saved
+    if replaces is None and _has_data(Path(config.data_dir)) and saved is None:
+        raise ConfigError(f"data_dir: {config.data_dir} holds another node's data; a joining "
+                          f"node starts empty")
+    item: dict[str, Any] = {"op": "change", "change": "replace" if replaces else "join",
+                            "id": config.node_id, "addr": advertise}
+    if replaces:
+        item["replaces"] = replaces
+    try:
+        got = await ask(seeds, config.node_id, config.secret_file, item)
+    except AdminError as exc:
+        raise ConfigError(f"join: {exc}") from exc
+    return Membership.from_wire(got)
+
+
+def _has_data(data_dir: Path) -> bool:
+    log = data_dir / "log"
+    return log.is_dir() and any(log.iterdir())
+
+
+def configured(config: NodeConfig, ms: Membership) -> NodeConfig:
+    """``config`` with the members, rf and vnodes of ``ms``."""
+    peers = tuple((m.id, m.host, m.port) for m in ms.members if m.state != LEFT)
+    return config.replace(peers=peers, rf=ms.rf, vnodes=ms.vnodes, connect_via=())
+
+
+# -- python -m cluster decommission ---------------------------------------------------------
+
+async def decommission(node_id: str, via: Sequence[tuple[str, int]], secret_file: str | None,
+                       timeout: float, out: Any = sys.stdout) -> int:
+    """Start moving every range away from ``node_id`` and wait until every remaining member
+    lists it as left (the node then exits 0 by itself)."""
+    me = f"admin-{os.getpid()}"
+    try:
+        got = Membership.from_wire(await ask(via, me, secret_file,
+                                             {"op": "change", "change": "leave", "id": node_id}))
+    except (AdminError, MembershipError) as exc:
+        raise AdminError(f"decommission {node_id}: {exc}") from exc
+    m = got.get(node_id)
+    state = m.state if m is not None else "?"
+    print(f"{node_id}: {state} at membership version {got.version}; ranges move to the other "
+          f"members, then it exits", file=out, flush=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        views = await _views(got, node_id, me, secret_file)
+        pending = [pid for pid, ms in views.items()
+                   if ms is None or (x := ms.get(node_id)) is None or x.state != LEFT]
+        if views and not pending:
+            version = max(ms.version for ms in views.values() if ms is not None)
+            print(f"{node_id}: left on every member (version {version})", file=out, flush=True)
+            return 0
+        newest = max((ms for ms in views.values() if ms is not None),
+                     key=lambda ms: ms.version, default=got)
+        got = newest
+        since = newest.moving_since
+        lasted = f", move {time.time() - since:.0f} s old" if since else ""
+        print(f"  waiting for {', '.join(pending)}{lasted}", file=out, flush=True)
+        await asyncio.sleep(1.0)
+    raise AdminError(f"decommission {node_id}: not left everywhere after {timeout:g} s")
+
+
+async def _views(ms: Membership, node_id: str, me: str, secret_file: str | None
+                 ) -> dict[str, Membership | None]:
+    """Each remaining member's membership (None: it did not answer)."""
+    out: dict[str, Membership | None] = {}
+    for m in ms.members:
+        if m.id == node_id or m.state == LEFT:
+            continue
+        try:
+            out[m.id] = Membership.from_wire(
+                await ask([(m.host, m.port)], me, secret_file, {"op": "get"}, timeout=5.0))
+        except (AdminError, MembershipError):
+            out[m.id] = None
+    return out

@@ -1,0 +1,233 @@
+"""Elastic membership, the pure part: the agreed member list (a numbered ``Membership``), the
+one-at-a-time changes on it, and the placement of keys while a change moves them.
+
+A change is two versions (docs/membership.md):
+
+- **start** (join, leave, replace): the new member is ``joining``, the departing one ``leaving``.
+  Leaders, reads and retry checks keep the *old* replica sets (normal + leaving members); writes
+  also go to the members of the *new* sets (normal + joining), and an ack needs one more durable
+  copy for each extra member (``Placement.write_set``). So every op acked during the move has W
+  copies in its old set and W in its new one.
+- **finish**, at least one dedup window (plus the clock skew) later, once the members gaining
+  ranges caught up: joining -> normal, leaving -> left. The new sets take over. An op acked
+  before the move began is past its window by then (a retry of it is refused as expired, as it
+  would be without any change), and one acked during it is on W replicas of its new set: a
+  retry is recognised by the checks of whichever replica now leads its key.
+
+Each key's set changes by at most one member per change, so a move never has more than one
+extra member per key. Pure: no I/O, no clock (times are arguments).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from cluster.core.ring import Ring
+
+NORMAL, JOINING, LEAVING, LEFT = "normal", "joining", "leaving", "left"
+STATES = (NORMAL, JOINING, LEAVING, LEFT)
+
+
+class MembershipError(ValueError):
+    """A change the current membership does not allow (the message says why)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+    id: str
+    host: str
+    port: int
+    state: str = NORMAL
+    since: int = 1  # the version that admitted it: an id that comes back is a new member
+
+    @property
+    def addr(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Membership:
+    """One version of the member list. Left members stay listed (their ids' history)."""
+
+    version: int
+    members: tuple[Member, ...]
+    rf: int
+    vnodes: int
+    moving_since: float = 0.0  # wall time the current move started; 0: no move
+
+    @classmethod
+    def bootstrap(cls, peers: Iterable[tuple[str, str, int]], *, rf: int,
+                  vnodes: int) -> Membership:
+        """Version 1: the ``--peers`` list, every member normal."""
+        members = _sorted(Member(pid, host, port) for pid, host, port in peers)
+        return cls(1, members, rf, vnodes)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def get(self, node_id: str) -> Member | None:
+        for m in self.members:
+            if m.id == node_id:
+                return m
+        return None
+
+    def ids(self, *states: str) -> tuple[str, ...]:
+        return tuple(m.id for m in self.members if m.state in states)
+
+    @property
+    def moving(self) -> bool:
+        return any(m.state in (JOINING, LEAVING) for m in self.members)
+
+    @property
+    def reachable(self) -> tuple[str, ...]:
+        """Every member not gone: the nodes that hold or receive keys."""
+        return self.ids(NORMAL, JOINING, LEAVING)
+
+    def claimant(self, subject: str | None = None,
+                 is_live: Callable[[str], bool] | None = None) -> str:
+        """The one member that issues versions: the lowest normal id. A change about that very
+        member, while it is down, is issued by the next one (so a dead claimant can be
+        replaced)."""
+        normal = self.ids(NORMAL)
+        if not normal:
+            raise MembershipError("no normal member to issue the change")
+        first = normal[0]
+        if subject == first and len(normal) > 1 and is_live is not None and not is_live(first):
+            return normal[1]
+        return first
+
+    def moves(self) -> dict[str, str]:
+        """The move under way: {"joining": id, "leaving": id} (either may be absent)."""
+        return {m.state: m.id for m in self.members if m.state in (JOINING, LEAVING)}
+
+    def placement(self) -> Placement:
+        return Placement(self)
+
+    # -- changes (each returns the next version) --------------------------------------------
+
+    def _next(self, members: Iterable[Member], moving_since: float) -> Membership:
+        return dataclasses.replace(self, version=self.version + 1,
+                                   members=_sorted(members), moving_since=moving_since)
+
+    def _idle(self, what: str) -> None:
+        if self.moving:
+            moves = ", ".join(f"{i} {s}" for s, i in self.moves().items())
+            raise MembershipError(f"cannot {what}: a move is under way ({moves}, version "
+                                  f"{self.version}); one change at a time")
+
+    def join(self, node_id: str, host: str, port: int, now: float) -> Membership:
+        self._idle(f"add {node_id}")
+        old = self.get(node_id)
+        if old is not None and old.state != LEFT:
+            raise MembershipError(
+                f"{node_id} is already a member ({old.state}); a node that lost its data joins "
+                f"with a new id and --replace {node_id}")
+        new = Member(node_id, host, port, JOINING, self.version + 1)
+        return self._next([m for m in self.members if m.id != node_id] + [new], now)
+
+    def leave(self, node_id: str, now: float) -> Membership:
+        """Decommission ``node_id``; of a joining member, the join is aborted instead."""
+        m = self.get(node_id)
+        if m is None or m.state == LEFT:
+            raise MembershipError(f"{node_id} is not a member")
+        if m.state == JOINING:
+            return self.abort()
+        self._idle(f"remove {node_id}")
+        if len(self.ids(NORMAL)) - 1 < self.rf:
+            raise MembershipError(f"cannot remove {node_id}: {len(self.ids(NORMAL)) - 1} "
+                                  f"members would be left for rf {self.rf}")
+        return self._next([dataclasses.replace(x, state=LEAVING) if x.id == node_id else x
+                           for x in self.members], now)
+
+    def replace(self, old_id: str, node_id: str, host: str, port: int,
+                now: float) -> Membership:
+        """``node_id`` (new, empty) takes the place of ``old_id`` (normal, usually dead)."""
+        self._idle(f"replace {old_id}")
+        old = self.get(old_id)
+        if old is None or old.state != NORMAL:
+            raise MembershipError(f"cannot replace {old_id}: not a normal member")
+        prior = self.get(node_id)
+        if prior is not None and prior.state != LEFT:
+            raise MembershipError(f"{node_id} is already a member ({prior.state})")
+        members = [dataclasses.replace(x, state=LEAVING) if x.id == old_id else x
+                   for x in self.members if x.id != node_id]
+        return self._next(members + [Member(node_id, host, port, JOINING, self.version + 1)],
+                          now)
+
+    def finish(self) -> Membership:
+        """The move is done: joining -> normal, leaving -> left."""
+        if not self.moving:
+            raise MembershipError("no move to finish")
+        step = {JOINING: NORMAL, LEAVING: LEFT}
+        return self._next([dataclasses.replace(m, state=step.get(m.state, m.state))
+                           for m in self.members], 0.0)
+
+    def abort(self) -> Membership:
+        """Undo the move: the joining member is dropped (left), the leaving one stays."""
+        if not self.moving:
+            raise MembershipError("no move to abort")
+        step = {JOINING: LEFT, LEAVING: NORMAL}
+        return self._next([dataclasses.replace(m, state=step.get(m.state, m.state))
+                           for m in self.members], 0.0)
+
+    # -- wire ------------------------------------------------------------------------------
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"version": self.version, "rf": self.rf, "vnodes": self.vnodes,
+                "moving_since": self.moving_since,
+                "members": [[m.id, m.host, m.port, m.state, m.since] for m in self.members]}
+
+    @classmethod
+    def from_wire(cls, data: Any) -> Membership:
+        try:
+            members = _sorted(Member(str(i), str(h), int(p), str(s), int(v))
+                              for i, h, p, s, v in data["members"])
+            ms = cls(int(data["version"]), members, int(data["rf"]), int(data["vnodes"]),
+                     float(data.get("moving_since", 0.0)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MembershipError(f"not a membership: {exc!r}") from exc
+        if any(m.state not in STATES for m in ms.members) or not ms.reachable:
+            raise MembershipError("not a membership: bad member states")
+        return ms
+
+
+def _sorted(members: Iterable[Member]) -> tuple[Member, ...]:
+    return tuple(sorted(members, key=lambda m: m.id))
+
+
+class Placement:
+    """Where keys live under one ``Membership``: the ``Ring`` interface of the old (voting)
+    sets, plus ``write_set``: the old set and, while a move changes the key's set, the member
+    gaining it. Every process with the same membership computes the same placement."""
+
+    __slots__ = ("membership", "version", "old", "new", "moving", "members", "vnodes", "rf",
+                 "replicates_everywhere", "preference_list", "leader", "_unions")
+
+    def __init__(self, ms: Membership) -> None:
+        self.membership = ms
+        self.version = ms.version
+        self.old = Ring(ms.ids(NORMAL, LEAVING), vnodes=ms.vnodes, rf=ms.rf)
+        future = ms.ids(NORMAL, JOINING)
+        self.moving = set(future) != set(self.old.members)
+        self.new = Ring(future, vnodes=ms.vnodes, rf=ms.rf) if self.moving else self.old
+        self.members, self.vnodes, self.rf = self.old.members, ms.vnodes, self.old.rf
+        self.replicates_everywhere = self.old.replicates_everywhere and not self.moving
+        self.preference_list = self.old.preference_list
+        self.leader = self.old.leader
+        self._unions: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[str, ...]] = {}
+
+    def write_set(self, table: str, key: str) -> tuple[str, ...]:
+        """The old set, then the members of the new set not in it (an ack needs W + one more
+        copy for each of those)."""
+        old = self.old.preference_list(table, key)
+        if not self.moving:
+            return old
+        new = self.new.preference_list(table, key)
+        union = self._unions.get((old, new))
+        if union is None:
+            union = self._unions[(old, new)] = old + tuple(m for m in new if m not in old)
+        return union
+
+    def __repr__(self) -> str:
+        return f"Placement(version={self.version}, members={list(self.members)})"

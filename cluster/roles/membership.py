@@ -1,0 +1,255 @@
+"""Elastic membership, the node's part: the ring file, RING frames, the claimant that issues
+versions, the driver that finishes a move, and what a joining or departing node does.
+
+Agreement (docs/membership.md): one member issues versions, the *claimant* (the lowest normal
+id; ``Membership.claimant``). Every change goes to it (any member forwards), it applies one at
+a time under a lock, writes the new version to its disk, then pushes it to every member. A
+member installs a version only if it is newer than its own, writes it durably first, and
+carries its version in every heartbeat both ways, so one that missed a push pulls the ring from
+the first peer that shows a newer one. Writes from a peer known to be behind are refused
+(``Node.behind_ring``); the sender learns the ring at its next heartbeat and the op is retried
+with the same id.
+
+RING frame items (peer traffic: signed like REPLICATE, so a client cannot change membership):
+
+    {"op": "get"}                                   -> the membership (``to_wire``)
+    {"op": "install", "ring": {...}}                -> this node's version after
+    {"op": "change", "change": "join"|"leave"|"replace"|"finish"|"abort", "id", "addr"?,
+     "replaces"?}                                   -> the membership after the change
+    {"op": "sync", "version": v}                    -> True once this node has exchanged
+                                                       entries with every live member
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from cluster.core.config import parse_hostport
+from cluster.core.membership import LEFT, Membership, MembershipError
+from cluster.roles import antientropy, settle
+from cluster.transport.peer import PeerLink
+from cluster.transport.wire import Kind
+
+log = logging.getLogger("cluster.membership")
+
+RING_FILE = "ring.json"
+
+
+class Node(Protocol):
+    id: str
+    membership: Membership
+    links: dict[str, PeerLink]
+    clock: Callable[[], float]
+    config: Any
+    state: Any
+    hints: Any
+    ready: bool
+
+    def install(self, ms: Membership) -> bool: ...
+
+    def is_live(self, node: str) -> bool: ...
+
+    def move_hold(self) -> float: ...
+
+
+# -- the ring file -------------------------------------------------------------------------
+
+def load_ring(data_dir: Path) -> Membership | None:
+    try:
+        text = (data_dir / RING_FILE).read_text()
+    except FileNotFoundError:
+        return None
+    return Membership.from_wire(json.loads(text))
+
+
+def save_ring(data_dir: Path, ms: Membership) -> None:
+    """Write the ring durably (temp file, fsync, rename, fsync of the directory)."""
+    write_durably(data_dir / RING_FILE, json.dumps(ms.to_wire(), sort_keys=True) + "\n")
+
+
+def write_durably(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# -- RING frames ---------------------------------------------------------------------------
+
+class Changes:
+    """The claimant's side: one change at a time (``lock``), pushed to every member."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.lock = asyncio.Lock()
+        self.finishing = False
+
+    async def on_ring(self, peer: str, items: list[Any]) -> list[Any]:
+        return [await self._one(peer, item) for item in items]
+
+    async def _one(self, peer: str, item: Any) -> Any:
+        node = self.node
+        if not isinstance(item, dict):
+            raise MembershipError("RING item must be a map")
+        op = item.get("op")
+        if op == "get":
+            return node.membership.to_wire()
+        if op == "install":
+            node.install(Membership.from_wire(item.get("ring")))
+            return node.membership.version
+        if op == "change":
+            return await self.change(item)
+        if op == "sync":
+            return await catch_up(node)
+        raise MembershipError(f"unknown RING op {op!r}")
+
+    async def change(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Apply ``req`` here if this node is its claimant, else hand it to the claimant."""
+        node = self.node
+        subject = str(req.get("replaces") or req.get("id") or "")
+        claimant = node.membership.claimant(subject, node.is_live)
+        if claimant != node.id:
+            link = node.links.get(claimant)
+            if link is None:
+                raise MembershipError(f"claimant {claimant} is not reachable from {node.id}")
+            got = (await asyncio.wait_for(link.call(Kind.RING, [{**req, "op": "change"}]),
+                                          4 * node.config.quorum_timeout))[0]
+            node.install(Membership.from_wire(got))
+            return got
+        async with self.lock:
+            ms = node.membership
+            new = _apply(ms, req, node.clock())
+            node.install(new)
+            log.info("membership version %d: %s", new.version, _describe(req),
+                     extra={"fields": {"version": new.version, "change": req.get("change")}})
+        await push(node, new)
+        return new.to_wire()
+
+
+def _apply(ms: Membership, req: dict[str, Any], now: float) -> Membership:
+    kind, node_id = req.get("change"), str(req.get("id", ""))
+    if kind == "join":
+        host, port = parse_hostport(str(req.get("addr", "")), name="addr")
+        return ms.join(node_id, host, port, now)
+    if kind == "replace":
+        host, port = parse_hostport(str(req.get("addr", "")), name="addr")
+        return ms.replace(str(req.get("replaces", "")), node_id, host, port, now)
+    if kind == "leave":
+        return ms.leave(node_id, now)
+    if kind == "finish":
+        if req.get("version") != ms.version:
+            raise MembershipError(f"finish of version {req.get('version')}, now {ms.version}")
+        return ms.finish()
+    if kind == "abort":
+        return ms.abort()
+    raise MembershipError(f"unknown change {kind!r}")
+
+
+def _describe(req: dict[str, Any]) -> str:
+    kind = req.get("change")
+    if kind == "replace":
+        return f"{req.get('id')} replaces {req.get('replaces')}"
+    return f"{kind} {req.get('id', '')}".strip()
+
+
+async def push(node: Node, ms: Membership, timeout: float | None = None) -> int:
+    """Send ``ms`` to every other member still holding keys; how many installed it. Those not
+    reached pull it at their next heartbeat with anyone who has it."""
+    wire = ms.to_wire()
+    futs = [link.call(Kind.RING, [{"op": "install", "ring": wire}])
+            for pid, link in list(node.links.items()) if pid != node.id]
+    if not futs:
+        return 0
+    done, pending = await asyncio.wait(futs, timeout=timeout or 2 * node.config.quorum_timeout)
+    for f in pending:
+        f.cancel()
+    return sum(1 for f in done if f.exception() is None)
+
+
+async def pull(node: Node, peer: str) -> None:
+    """Take ``peer``'s ring if it is newer (a heartbeat showed a higher version)."""
+    link = node.links.get(peer)
+    if link is None:
+        return
+    try:
+        got = (await asyncio.wait_for(link.call(Kind.RING, [{"op": "get"}]),
+                                      2 * node.config.quorum_timeout))[0]
+        node.install(Membership.from_wire(got))
+    except Exception as exc:  # noqa: BLE001 - the next heartbeat tries again
+        log.debug("ring pull from %s failed: %r", peer, exc)
+
+
+async def catch_up(node: Node) -> bool:
+    """Before a move finishes: settle this node's in-doubt ops, hand off its hints, and swap
+    entries with every live member (the digests are grouped by the write sets, so the ranges
+    it gains or gives are included). True when every exchange succeeded."""
+    await settle.settle_all(node)  # type: ignore[arg-type]
+    for peer in list(node.links):
+        await node.hints.deliver(node, peer)
+    ok = True
+    for peer in list(node.links):
+        if node.membership.get(peer) is None or not node.is_live(peer):
+            continue
+        try:
+            await antientropy.sync_with(node, peer)  # type: ignore[arg-type]
+        except Exception as exc:  # noqa: BLE001 - the driver asks again
+            log.info("move catch-up with %s failed: %r", peer, exc)
+            ok = False
+    return ok
+
+
+# -- the move driver (runs on every node; acts on the claimant) ---------------------------
+
+async def move_loop(node: Node, changes: Changes, interval: float = 1.0) -> None:
+    """Finish the move under way once it has lasted ``move_hold`` and every member of the
+    new sets caught up. A member that is down holds the move (it resumes when the member is
+    back; ``python -m cluster decommission`` of a joining member aborts it instead)."""
+    while True:
+        await asyncio.sleep(interval)
+        ms = node.membership
+        if not ms.moving or ms.claimant(None) != node.id:
+            continue
+        if node.clock() < ms.moving_since + node.move_hold():
+            continue
+        try:
+            await finish_move(node, changes, ms)
+        except Exception as exc:  # noqa: BLE001 - next round
+            log.info("move not finished yet: %r", exc)
+
+
+async def finish_move(node: Node, changes: Changes, ms: Membership) -> None:
+    gaining = [m for m in ms.ids("normal", "joining") if m != node.id]
+    leaving = [m for m in ms.ids("leaving") if node.is_live(m)]
+    asks = {m: node.links[m].call(Kind.RING, [{"op": "sync", "version": ms.version}])
+            for m in gaining + leaving if m in node.links}
+    if len(asks) < len(gaining):
+        raise MembershipError(f"no link to every member of the new sets: {gaining}")
+    timeout = max(30.0, 10 * node.config.quorum_timeout)
+    own = await catch_up(node)
+    results = await asyncio.gather(*(asyncio.wait_for(f, timeout) for f in asks.values()),
+                                   return_exceptions=True)
+    failed = [m for m, r in zip(asks, results, strict=True)
+              if m in gaining and (isinstance(r, BaseException) or r != [True])]
+    if not own or failed:
+        raise MembershipError(f"members not caught up yet: {failed or [node.id]}")
+    if node.membership is ms:
+        await changes.change({"change": "finish", "version": ms.version})
+
+
+def departed(ms: Membership, node_id: str) -> bool:
+    m = ms.get(node_id)
+    return m is not None and m.state == LEFT
