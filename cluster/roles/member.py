@@ -70,9 +70,10 @@ class Node:
         data_dir = Path(config.data_dir)
         self._data_dir = data_dir if log is None else None  # None: keep the ring in memory
         self._incarnation = incarnation or (lambda: next_incarnation(data_dir))
-        self.membership = members or self._initial_membership(config)
+        self.membership = self._initial_membership(config, members)
         self.ring: Placement = self.membership.placement()
         self.peer_versions: dict[str, int] = {}  # the ring version each peer last showed
+        self._installed_at = monotonic()
         self.departed = asyncio.Event()  # set once this node's state is ``left``
         self.state = NodeState(config, clock=clock)
         self.origin = self.id  # becomes "<id>@<incarnation>" in recover()
@@ -133,11 +134,16 @@ class Node:
                         max_inflight_frames=config.max_inflight_frames, auth=self.auth,
                         ssl_context=self._link_ssl)
 
-    def _initial_membership(self, config: NodeConfig) -> Membership:
-        """The ring file once the membership changed (version > 1); else ``--peers``, which
-        stays the way to change a static cluster (restart every node with a new list)."""
-        boot = Membership.bootstrap(config.peers, rf=config.rf, vnodes=config.vnodes)
+    def _initial_membership(self, config: NodeConfig, given: Membership | None) -> Membership:
+        """``given`` (a join's), else the ring file once the membership changed (version >
+        1), else ``--peers``, which stays the way to change a static cluster (restart every
+        node with a new list). Written to the ring file."""
         saved = membership.load_ring(self._data_dir) if self._data_dir is not None else None
+        if given is not None:
+            if self._data_dir is not None and given != saved:
+                membership.save_ring(self._data_dir, given)
+            return given
+        boot = Membership.bootstrap(config.peers, rf=config.rf, vnodes=config.vnodes)
         if saved is not None and saved.version > 1:
             if {m.id for m in boot.members} != set(saved.reachable):
                 log.warning("--peers differs from the membership this node saved (version "
@@ -161,6 +167,7 @@ class Node:
         if self._data_dir is not None:
             membership.save_ring(self._data_dir, ms)
         self.membership = ms
+        self._installed_at = self.monotonic()
         self.use_placement(ms.placement())
         for m in ms.members:
             if m.id == self.id:
@@ -172,6 +179,7 @@ class Node:
             elif m.state == LEFT and m.id in self.links:
                 self.spawn(self.links.pop(m.id).stop())
                 self.detector.remove(m.id)
+                self.hints.queues.pop(m.id, None)  # its ranges moved: anti-entropy has them
         self.metrics.ring_version = ms.version
         log.info("membership version %d installed", ms.version, extra={"fields": {
             "version": ms.version, "moves": ms.moves()}})
@@ -198,8 +206,13 @@ class Node:
             self.spawn(membership.pull(self, peer))
 
     def behind_ring(self, peer: str) -> bool:
-        """``peer`` last showed an older ring than ours: its writes may miss a new replica."""
-        return self.peer_versions.get(peer, self.membership.version) < self.membership.version
+        """``peer`` still showed an older ring than ours a failure timeout after we installed
+        ours (it is cut off from whoever has it): its writes may miss a new replica. Within
+        that grace (a push or a heartbeat brings it the new version) its writes count: a move
+        lasts two failure timeouts longer than the window for them."""
+        version = self.membership.version
+        return (self.peer_versions.get(peer, version) < version
+                and self.monotonic() - self._installed_at > self.config.failure_timeout)
 
     def write_set(self, table: str, key: str) -> tuple[str, ...]:
         return self.ring.write_set(table, key)
