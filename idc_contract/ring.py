@@ -69,6 +69,15 @@ class Ring:
         i = bisect.bisect_left(self._tokens, h)
         return 0 if i == len(self._tokens) else i
 
+    @property
+    def tokens(self) -> list[int]:
+        return self._tokens
+
+    def owners_at(self, position: int) -> tuple[str, ...]:
+        """The preference list of a key hashed to ``position`` (a 64-bit ring position)."""
+        i = bisect.bisect_left(self._tokens, position)
+        return self._prefs[0 if i == len(self._tokens) else i]
+
     def preference_list(self, table: str, key: str) -> tuple[str, ...]:
         """The key's RF distinct replicas, in ring order; the first is the leader when up."""
         prefs = self._cache.get((table, key))

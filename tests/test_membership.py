@@ -33,6 +33,7 @@ def test_a_join_is_two_versions_and_the_joiner_holds_keys_only_after_the_second(
     assert during.members == ("n1", "n2", "n3")  # leaders, reads, checks: the old sets
     gains = [k for k in KEYS if "n4" in during.write_set(*k)]
     assert gains, "the joiner gains some keys"
+    assert during.gainers() == {"n4"}  # a join moves keys to the joiner only
     for k in gains:
         ws = during.write_set(*k)
         assert ws[:3] == during.preference_list(*k) and ws[3] == "n4"
@@ -57,6 +58,23 @@ def test_one_change_at_a_time_and_clear_refusals() -> None:
         boot().leave("n9", now=0.0)
     with pytest.raises(MembershipError, match="no move to finish"):
         boot().finish()
+
+
+def test_a_change_asked_again_changes_nothing() -> None:
+    ms = boot(4).join("n5", "h", 5, now=0.0)
+    assert ms.join("n5", "h", 5, now=9.0) is ms  # the joiner lost the first answer
+    with pytest.raises(MembershipError, match="a move is under way"):
+        ms.join("n5", "other", 5, now=9.0)  # not the same node
+    leaving = boot(4).leave("n2", now=0.0)
+    assert leaving.leave("n2", now=1.0) is leaving
+    replacing = boot(4).replace("n2", "n9", "h", 9, now=0.0)
+    assert replacing.replace("n2", "n9", "h", 9, now=1.0) is replacing
+
+
+def test_finishing_a_version_is_the_same_whoever_computes_it() -> None:
+    ms = boot(4).replace("n2", "n9", "h", 9, now=0.0)
+    again = Membership.from_wire(ms.to_wire())
+    assert ms.finish() == again.finish()  # two drivers at once install one version
 
 
 def test_leaving_a_joining_member_aborts_its_join() -> None:
@@ -131,6 +149,7 @@ def test_every_key_keeps_rf_replicas_and_a_move_changes_a_set_by_one_member(
             if ms.moving:
                 new = p.new.preference_list(*k)
                 assert set(new) <= set(ws) and len(set(old) - set(new)) <= 1
+                assert set(new) - set(old) <= p.gainers()
         if not ms.moving:  # the same placement as a static ring of the normal members
             static = Ring(ms.ids(NORMAL), vnodes=16, rf=rf)
             assert all(p.preference_list(*k) == static.preference_list(*k) for k in KEYS[:60])

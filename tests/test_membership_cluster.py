@@ -243,3 +243,39 @@ async def test_a_join_can_be_aborted_and_membership_needs_the_secret() -> None:
             assert {m["id"]: m["state"] for m in view["members"]}["n4"] == "left"
         finally:
             await client.close()
+
+
+async def test_kill_9_of_the_leaving_node_and_the_claimant_mid_move() -> None:
+    """The leaving node and the claimant die mid-move: the move finishes once the members
+    gaining keys are up (the next live member drives it), the decommission command returns 0,
+    and the leaving node, restarted on its data dir, learns it left and exits 0."""
+    async with running_cluster(4, extra_args=ARGS) as cluster:
+        client = Client()
+        try:
+            n1, n2, n3, n4 = (cluster.nodes[f"n{i}"] for i in range(1, 5))
+            load = Load(client, [n2.url, n3.url], "l")
+            load.start()
+            dec = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "cluster", "decommission", "n4", "--via", n2.address,
+                "--secret-file", str(cluster.secret_file), "--timeout", "90",
+                stdout=asyncio.subprocess.PIPE)
+            await wait_until(lambda: _moving(client, n2.url), timeout=20, what="n4 leaving")
+            await n1.kill()
+            await n4.kill()
+            await asyncio.sleep(3.0)
+            await n1.start()
+            await wait_until(lambda: settled(client, [n1.url, n2.url, n3.url], 3), timeout=40,
+                             what="the move finished without the leaving node")
+            out, _ = await asyncio.wait_for(dec.communicate(), 60)
+            assert dec.returncode == 0, out
+            await n4.start()  # its saved ring says leaving: a heartbeat tells it it left
+            assert n4.proc is not None
+            assert await asyncio.wait_for(n4.proc.wait(), 30) == 0
+            await load.finish()
+            await check_counts(client, cluster, load)
+        finally:
+            await client.close()
+
+
+async def _moving(client: Client, url: str) -> bool:
+    return (await ring(client, url))["move"] is not None

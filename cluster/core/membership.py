@@ -104,7 +104,7 @@ class Membership:
     def placement(self) -> Placement:
         return Placement(self)
 
-    # -- changes (each returns the next version) --------------------------------------------
+    # -- changes (each returns the next version, or itself when already applied) -------------
 
     def _next(self, members: Iterable[Member], moving_since: float) -> Membership:
         return dataclasses.replace(self, version=self.version + 1,
@@ -117,8 +117,10 @@ class Membership:
                                   f"{self.version}); one change at a time")
 
     def join(self, node_id: str, host: str, port: int, now: float) -> Membership:
-        self._idle(f"add {node_id}")
         old = self.get(node_id)
+        if old is not None and old.state == JOINING and (old.host, old.port) == (host, port):
+            return self  # asked again (the first answer was lost): already joining
+        self._idle(f"add {node_id}")
         if old is not None and old.state != LEFT:
             raise MembershipError(
                 f"{node_id} is already a member ({old.state}); a node that lost its data joins "
@@ -133,6 +135,8 @@ class Membership:
             raise MembershipError(f"{node_id} is not a member")
         if m.state == JOINING:
             return self.abort()
+        if m.state == LEAVING:
+            return self  # asked again: already leaving
         self._idle(f"remove {node_id}")
         if len(self.ids(NORMAL)) - 1 < self.rf:
             raise MembershipError(f"cannot remove {node_id}: {len(self.ids(NORMAL)) - 1} "
@@ -143,11 +147,14 @@ class Membership:
     def replace(self, old_id: str, node_id: str, host: str, port: int,
                 now: float) -> Membership:
         """``node_id`` (new, empty) takes the place of ``old_id`` (normal, usually dead)."""
-        self._idle(f"replace {old_id}")
+        prior = self.get(node_id)
         old = self.get(old_id)
+        if (prior is not None and prior.state == JOINING and old is not None
+                and old.state == LEAVING and (prior.host, prior.port) == (host, port)):
+            return self  # asked again: already replacing
+        self._idle(f"replace {old_id}")
         if old is None or old.state != NORMAL:
             raise MembershipError(f"cannot replace {old_id}: not a normal member")
-        prior = self.get(node_id)
         if prior is not None and prior.state != LEFT:
             raise MembershipError(f"{node_id} is already a member ({prior.state})")
         members = [dataclasses.replace(x, state=LEAVING) if x.id == old_id else x
@@ -228,6 +235,18 @@ class Placement:
         if union is None:
             union = self._unions[(old, new)] = old + tuple(m for m in new if m not in old)
         return union
+
+    def gainers(self) -> set[str]:
+        """The members that hold keys in the new sets they do not hold in the old ones: the
+        ones that must catch up before the move finishes. Each arc between two tokens of
+        either ring maps to one preference list per ring, so the tokens of both cover every
+        key."""
+        if not self.moving:
+            return set()
+        out: set[str] = set()
+        for t in set(self.old.tokens) | set(self.new.tokens):
+            out.update(set(self.new.owners_at(t)) - set(self.old.owners_at(t)))
+        return out
 
     def __repr__(self) -> str:
         return f"Placement(version={self.version}, members={list(self.members)})"

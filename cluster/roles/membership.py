@@ -130,9 +130,18 @@ class Changes:
                                           4 * node.config.quorum_timeout))[0]
             node.install(Membership.from_wire(got))
             return got
+        return await self.apply(req)
+
+    async def apply(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Apply ``req`` to this node's membership (as its claimant), install the new version
+        and push it to every member; a request already applied (a joiner asking again after a
+        lost answer) changes nothing."""
+        node = self.node
         async with self.lock:
             ms = node.membership
             new = _apply(ms, req, node.clock())
+            if new is ms:
+                return ms.to_wire()
             node.install(new)
             log.info("membership version %d: %s", new.version, _describe(req),
                      extra={"fields": {"version": new.version, "change": req.get("change")}})
@@ -221,7 +230,7 @@ async def move_loop(node: Node, changes: Changes, interval: float = 1.0) -> None
     while True:
         await asyncio.sleep(interval)
         ms = node.membership
-        if not ms.moving or ms.claimant(None) != node.id:
+        if not ms.moving or _driver(ms, node) != node.id:
             continue
         if node.clock() < ms.moving_since + node.move_hold():
             continue
@@ -232,7 +241,8 @@ async def move_loop(node: Node, changes: Changes, interval: float = 1.0) -> None
 
 
 async def finish_move(node: Node, changes: Changes, ms: Membership) -> None:
-    gaining = [m for m in ms.ids("normal", "joining") if m != node.id]
+    """Have every member gaining keys (and the leaving one, if up) catch up, then finish."""
+    gaining = sorted(ms.placement().gainers() - {node.id})
     leaving = [m for m in ms.ids("leaving") if node.is_live(m)]
     asks = {m: node.links[m].call(Kind.RING, [{"op": "sync", "version": ms.version}])
             for m in gaining + leaving if m in node.links}
@@ -246,8 +256,18 @@ async def finish_move(node: Node, changes: Changes, ms: Membership) -> None:
               if m in gaining and (isinstance(r, BaseException) or r != [True])]
     if not own or failed:
         raise MembershipError(f"members not caught up yet: {failed or [node.id]}")
-    if node.membership is ms:
-        await changes.change({"change": "finish", "version": ms.version})
+    if node.membership is ms:  # ``finish`` refuses a version that moved on meanwhile
+        await changes.apply({"change": "finish", "version": ms.version})
+
+
+def _driver(ms: Membership, node: Node) -> str | None:
+    """Who finishes the move: the claimant, or while it is down the next live normal member.
+    Two drivers at once are harmless: the finish of a version is one and the same next
+    version whoever computes it (``Membership.finish`` is deterministic)."""
+    for m in ms.ids("normal"):
+        if m == node.id or node.is_live(m):
+            return m
+    return None
 
 
 def departed(ms: Membership, node_id: str) -> bool:
