@@ -20,7 +20,12 @@ Loads ``--counters`` distinct counters through /v1/batch into a real 3-process c
      every replica's digest checksum (``idc_digest_checksum``) is equal again, and the
      anti-entropy bytes and keys exchanged meanwhile, plus the hints delivered (``--node-args
      --max-hints 0`` leaves the whole repair to anti-entropy);
-  4. restart: kill -9 of n1 and a restart: seconds until READY, records replayed, RSS after.
+  4. restart: kill -9 of n1 and a restart: seconds until READY, records replayed, RSS after;
+  5. membership: under ``--rate`` ops/s, n4 joins (``--join``) and, once it is normal on every
+     member, is decommissioned again: the seconds each move took, the keys and bytes
+     anti-entropy streamed, the counters n4 held, the writes acked and refused meanwhile, and
+     each node's exit status (n4 must exit 0). The nodes run with ``--window``
+     ``--membership-window`` (a move lasts at least the window).
 The nodes snapshot only on log growth here (``--snapshot-interval`` 3600), so a snapshot of the
 loaded state does not land inside the idle window (``--snapshot-interval 10 --steady-seconds 25``
 takes snapshots of every counter during the steady phase, which reports them and the loop's
@@ -33,7 +38,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import random
+import sys
 import time
 from typing import Any
 
@@ -115,6 +122,8 @@ def metric(text: str, name: str) -> float:
 async def scrape(cluster: LocalCluster, names: list[str]) -> dict[str, dict[str, float]]:
     out = {}
     for n in cluster.nodes.values():
+        if not n.running:  # a decommissioned node exited
+            continue
         text = await metrics_text(n.host, n.port)
         out[n.id] = {name: metric(text, name) for name in names}
     return out
@@ -241,6 +250,8 @@ async def partition_phase(cluster: LocalCluster, proxies: list[Proxy],
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    if "membership" in args.phases:
+        args.node_args = ["--window", str(args.membership_window), *args.node_args]
     extra = ["--no-fsync", "--snapshot-interval", str(args.snapshot_interval),
              "--antientropy-interval", str(args.antientropy_interval), *args.node_args]
     out: dict[str, Any] = {"config": {"nodes": 3, "rf": 3, "counters": args.counters,
@@ -279,7 +290,75 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         if "restart" in phases:
             out["restart"] = await restart_phase(cluster, args.restart_timeout)
             print("restart after kill -9:", out["restart"], flush=True)
+        if "membership" in phases:
+            out["membership"] = await membership_phase(cluster, args)
+            print("join and decommission under load:", out["membership"], flush=True)
     return out
+
+
+async def ring_version(node: Any) -> tuple[int, bool]:
+    """A node's membership version and whether a move is under way (``/v1/ring``)."""
+    conn = await HttpConn.open(node.host, node.port)
+    try:
+        status, body = await conn.request("GET", "/v1/ring", b"", "application/json")
+    finally:
+        await conn.close()
+    view = json.loads(body)
+    return view["version"], view["move"] is not None
+
+
+async def wait_version(nodes: list[Any], version: int, timeout: float) -> float:
+    """Seconds until every node in ``nodes`` holds ``version`` with no move under way."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        views = [await ring_version(n) for n in nodes]
+        if all(v >= version and not moving for v, moving in views):
+            return round(time.monotonic() - t0, 2)
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"membership version {version} not settled in {timeout:g} s")
+
+
+async def membership_phase(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
+    """n4 joins, then is decommissioned, while ``--rate`` ops/s go to n1..n3."""
+    names = ["idc_antientropy_bytes_total", "idc_antientropy_keys_total",
+             "idc_stale_ring_refusals_total"]
+    base = list(cluster.nodes.values())
+    m0 = await scrape(cluster, names)
+    w = Writer(cluster, args.counters, args.rate)
+    load = asyncio.create_task(w.run(args.membership_seconds, [n.id for n in base]))
+    try:
+        n4 = cluster.add_node("n4", join=[base[0].id])
+        t0 = time.monotonic()
+        await n4.start(timeout=args.restart_timeout)
+        ready = round(time.monotonic() - t0, 2)
+        joined = await wait_version([*base, n4], 3, args.repair_timeout)
+        page = await metrics_text(n4.host, n4.port)
+        held = metric(page, "idc_counters")
+        streamed = {name: metric(page, name) for name in names[:2]}  # n4's own exchanges
+        t1 = time.monotonic()
+        dec = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "cluster", "decommission", "n4", "--via", base[1].address,
+            "--secret-file", str(cluster.secret_file), "--timeout", str(args.repair_timeout),
+            stdout=asyncio.subprocess.DEVNULL)
+        code = await dec.wait()
+        left = round(time.monotonic() - t1, 2)
+        assert n4.proc is not None
+        exit_code = await asyncio.wait_for(n4.proc.wait(), 30)
+    finally:
+        await load
+    m1 = await scrape(cluster, names)
+    delta = {name: int(sum(m1[n][name] - m0.get(n, {}).get(name, 0) for n in m1))
+             for name in names}
+    return {"rate": args.rate, "window": args.membership_window,
+            "join_seconds_to_ready": ready, "join_seconds_to_normal": joined,
+            "n4_counters": int(held), "share_of_counters": round(held / args.counters, 3),
+            "decommission_seconds": left, "decommission_exit": code, "n4_exit": exit_code,
+            "acked": w.acked, "failed": w.failed,
+            "n4_streamed_keys": int(streamed[names[1]]),
+            "n4_streamed_bytes": int(streamed[names[0]]),
+            "others_antientropy_keys": delta[names[1]],
+            "others_antientropy_bytes": delta[names[0]],
+            "stale_ring_refusals": delta[names[2]]}
 
 
 async def restart_phase(cluster: LocalCluster, timeout: float) -> dict[str, Any]:
@@ -314,7 +393,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partition-seconds", type=float, default=10.0)
     ap.add_argument("--repair-timeout", type=float, default=60.0)
     ap.add_argument("--phases", default="idle,steady,partition,restart",
-                    help="comma-separated subset of idle,steady,partition,restart")
+                    help="comma-separated subset of idle,steady,partition,restart,membership")
+    ap.add_argument("--membership-window", type=float, default=5.0,
+                    help="the nodes' --window when the membership phase runs (a move lasts "
+                         "window + max_clock_skew + 2 failure timeouts at least)")
+    ap.add_argument("--membership-seconds", type=float, default=30.0,
+                    help="how long the load runs in the membership phase")
     ap.add_argument("--restart-timeout", type=float, default=120.0,
                     help="seconds the restarted node may take to print READY")
     ap.add_argument("--json", default=None, help="also write the results here")
