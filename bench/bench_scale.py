@@ -335,6 +335,10 @@ async def membership_phase(cluster: LocalCluster, args: argparse.Namespace) -> d
         page = await metrics_text(n4.host, n4.port)
         held = metric(page, "idc_counters")
         streamed = {name: metric(page, name) for name in names[:2]}  # n4's own exchanges
+        # dedup continuity moves with time: the joiner's filter holds only what it was sent,
+        # so its fill is that of its own share of the load, not a merge of whole tables
+        fill = {n.id: metric(await metrics_text(n.host, n.port), "idc_fbf_fill")
+                for n in [*base, n4]}
         t1 = time.monotonic()
         dec = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "cluster", "decommission", "n4", "--via", base[1].address,
@@ -354,6 +358,7 @@ async def membership_phase(cluster: LocalCluster, args: argparse.Namespace) -> d
             "n4_counters": int(held), "share_of_counters": round(held / args.counters, 3),
             "decommission_seconds": left, "decommission_exit": code, "n4_exit": exit_code,
             "acked": w.acked, "failed": w.failed,
+            "fbf_fill_after_join": {k: round(v, 5) for k, v in fill.items()},
             "n4_streamed_keys": int(streamed[names[1]]),
             "n4_streamed_bytes": int(streamed[names[0]]),
             "others_antientropy_keys": delta[names[1]],
