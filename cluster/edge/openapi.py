@@ -175,6 +175,23 @@ def _schemas(max_batch_ops: int, max_op_id_bytes: int) -> dict[str, Any]:
             "properties": {"node": {"type": "string"},
                            "ready": {"type": "boolean", "enum": [True]}},
         },
+        "Ring": {
+            "type": "object",
+            "required": ["version", "members", "rf"],
+            "properties": {
+                "version": {"type": "integer", "minimum": 1},
+                "members": {"type": "array", "items": {
+                    "type": "object", "required": ["id", "addr", "state"],
+                    "properties": {
+                        "id": {"type": "string"}, "addr": {"type": "string"},
+                        "state": {"type": "string",
+                                  "enum": ["joining", "normal", "leaving", "left", "down"]},
+                        "since": {"type": "integer"}}}},
+                "rf": {"type": "integer"}, "vnodes": {"type": "integer"},
+                "claimant": {"type": "string"},
+                "move": {"type": "object", "nullable": True},
+            },
+        },
         "Health": {
             "type": "object",
             "required": ["node", "status", "members", "rf", "write_quorum", "window_s"],
@@ -358,6 +375,19 @@ def spec(
                 "responses": _resp(
                     {"description": "Settled and serving.", "content": _both(_ref("Ready"))},
                     "NotReady", *edge),
+            },
+        },
+        "/v1/ring": {
+            "get": {
+                "operationId": "ring",
+                "summary": "The membership this node holds: version, members, states, the move",
+                "description": "Elastic membership (docs/membership.md): a member is joining, "
+                               "normal, leaving or left (down: the failure detector sees it "
+                               "down). `move` is the change under way and when it may finish.",
+                **open_route,
+                "responses": _resp(
+                    {"description": "The membership.", "content": _both(_ref("Ring"))},
+                    *edge),
             },
         },
         "/metrics": {

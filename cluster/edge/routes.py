@@ -43,7 +43,7 @@ from cluster.roles.member import Node
 from cluster.transport.auth import PeerAuth
 from cluster.transport.wire import Status
 
-OPEN_ROUTES = ("health", "ready", "openapi")  # answered without a token (probes, discovery)
+OPEN_ROUTES = ("health", "ready", "ring", "openapi")  # no token needed (probes, discovery)
 WWW_AUTHENTICATE = 'Bearer realm="idemcount"'
 
 BodyReader = Callable[[], Awaitable[bytes]]  # the whole body, or a ClusterError (408, 413)
