@@ -33,6 +33,7 @@ from cluster.edge.routes import (
     refusal,
     wants_msgpack,
 )
+from cluster.roles import membership
 from cluster.roles.member import Node
 
 log = logging.getLogger("cluster.http")
@@ -109,7 +110,7 @@ async def ready(request: web.Request) -> web.Response:
 async def ring(request: web.Request) -> web.Response:
     """The membership this node holds: version, members and their states (``down`` for a
     member the failure detector sees down), rf, and the move under way."""
-    return reply(request, request.app[NODE_KEY].ring_view())
+    return reply(request, membership.view(request.app[NODE_KEY]))
 
 
 async def openapi(request: web.Request) -> web.Response:

@@ -70,7 +70,7 @@ class Node:
         data_dir = Path(config.data_dir)
         self._data_dir = data_dir if log is None else None  # None: keep the ring in memory
         self._incarnation = incarnation or (lambda: next_incarnation(data_dir))
-        self.membership = self._initial_membership(config, members)
+        self.membership = membership.initial(self._data_dir, config, members)
         self.ring: Placement = self.membership.placement()
         self.peer_versions: dict[str, int] = {}  # the ring version each peer last showed
         self._installed_at = monotonic()
@@ -133,25 +133,6 @@ class Node:
         return PeerLink(self.id, pid, host, port, connect_timeout=config.peer_connect_timeout,
                         max_inflight_frames=config.max_inflight_frames, auth=self.auth,
                         ssl_context=self._link_ssl)
-
-    def _initial_membership(self, config: NodeConfig, given: Membership | None) -> Membership:
-        """``given`` (a join's), else the ring file once the membership changed (version >
-        1), else ``--peers``, which stays the way to change a static cluster (restart every
-        node with a new list). Written to the ring file."""
-        saved = membership.load_ring(self._data_dir) if self._data_dir is not None else None
-        if given is not None:
-            if self._data_dir is not None and given != saved:
-                membership.save_ring(self._data_dir, given)
-            return given
-        boot = Membership.bootstrap(config.peers, rf=config.rf, vnodes=config.vnodes)
-        if saved is not None and saved.version > 1:
-            if {m.id for m in boot.members} != set(saved.reachable):
-                log.warning("--peers differs from the membership this node saved (version "
-                            "%d): using the saved one", saved.version)
-            return saved
-        if self._data_dir is not None and saved != boot:
-            membership.save_ring(self._data_dir, boot)
-        return boot
 
     # -- membership ------------------------------------------------------------------------
 
@@ -416,19 +397,6 @@ class Node:
                       "peer_offsets_s": {p: round(o, 4)
                                          for p, o in self.clocks.offsets().items()}},
         }
-
-    def ring_view(self) -> dict[str, Any]:
-        """``GET /v1/ring``: the contract's shape, plus the move under way."""
-        ms = self.membership
-        members = [{"id": m.id, "addr": m.addr,
-                    "state": m.state if m.state == LEFT or m.id == self.id or self.is_live(m.id)
-                    else "down", "since": m.since} for m in ms.members]
-        move = None
-        if ms.moving:
-            move = {**ms.moves(), "since": ms.moving_since,
-                    "finishes_after": ms.moving_since + self.move_hold()}
-        return {"version": ms.version, "members": members, "rf": ms.rf, "vnodes": ms.vnodes,
-                "claimant": ms.claimant(), "move": move}
 
     # -- leading -----------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from cluster.core.config import parse_hostport
+from cluster.core.config import NodeConfig, parse_hostport
 from cluster.core.membership import LEFT, Membership, MembershipError
 from cluster.roles import antientropy, settle
 from cluster.transport.peer import PeerLink
@@ -86,6 +86,41 @@ def write_durably(path: Path, text: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def initial(data_dir: Path | None, config: NodeConfig, given: Membership | None) -> Membership:
+    """A node's membership at start: ``given`` (a join's), else the ring file once the
+    membership changed (version > 1), else ``--peers`` (version 1), which stays the way to
+    change a static cluster (restart every node with a new list). Written to the ring file
+    (``data_dir`` None: kept in memory, the simulator)."""
+    saved = load_ring(data_dir) if data_dir is not None else None
+    if given is not None:
+        if data_dir is not None and given != saved:
+            save_ring(data_dir, given)
+        return given
+    boot = Membership.bootstrap(config.peers, rf=config.rf, vnodes=config.vnodes)
+    if saved is not None and saved.version > 1:
+        if {m.id for m in boot.members} != set(saved.reachable):
+            log.warning("--peers differs from the membership this node saved (version %d): "
+                        "using the saved one", saved.version)
+        return saved
+    if data_dir is not None and saved != boot:
+        save_ring(data_dir, boot)
+    return boot
+
+
+def view(node: Node) -> dict[str, Any]:
+    """``GET /v1/ring``: the contract's shape, plus the move under way."""
+    ms = node.membership
+    members = [{"id": m.id, "addr": m.addr,
+                "state": m.state if m.state == LEFT or m.id == node.id or node.is_live(m.id)
+                else "down", "since": m.since} for m in ms.members]
+    move = None
+    if ms.moving:
+        move = {**ms.moves(), "since": ms.moving_since,
+                "finishes_after": ms.moving_since + node.move_hold()}
+    return {"version": ms.version, "members": members, "rf": ms.rf, "vnodes": ms.vnodes,
+            "claimant": ms.claimant(), "move": move}
 
 
 # -- RING frames ---------------------------------------------------------------------------
