@@ -135,9 +135,8 @@ async def soak(args: argparse.Namespace) -> int:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(proc.wait(), args.sample_seconds)
     await reader
-    verdict = [ln for ln in lines if "VALID" in ln or "read check" in ln.lower()
-               or ln.startswith("RESULT")]
-    for line in verdict[-12:]:
+    start = max((i for i, ln in enumerate(lines) if ln.startswith("=" * 20)), default=0)
+    for line in lines[max(0, start - 60):]:  # the chaos report: verdict, keys, reads
         print(line)
     summary = {"minutes": args.minutes, "rate": args.rate, "nemesis": args.nemesis,
                "chaos_exit": proc.returncode, "wall_seconds": round(time.monotonic() - t0),
