@@ -29,6 +29,21 @@ def parse_seeds(text: str) -> list[tuple[str, int]]:
     return [parse_hostport(s.strip(), name="join") for s in text.split(",") if s.strip()]
 
 
+async def ask_change(seeds: Sequence[tuple[str, int]], own_id: str, secret_file: str | None,
+                     item: dict[str, Any], tries: int = 5) -> Any:
+    """``ask`` a change, again on failure: a change is idempotent (the same join, leave or
+    replace asked twice changes nothing the second time), and the first answer can be lost
+    with the change made (the claimant died after pushing it)."""
+    for attempt in range(tries):
+        try:
+            return await ask(seeds, own_id, secret_file, item)
+        except AdminError as exc:
+            if attempt == tries - 1 or "MembershipError" in str(exc) or "ConfigError" in str(exc):
+                raise  # refused (not a member, a move under way, ...): asking again won't help
+            await asyncio.sleep(1.0)
+    raise AssertionError("unreachable")
+
+
 async def ask(seeds: Sequence[tuple[str, int]], own_id: str, secret_file: str | None,
               item: dict[str, Any], timeout: float = 30.0) -> Any:
     """Send one RING item to the first seed that answers; its answer. Each seed is asked as
@@ -78,7 +93,7 @@ async def join(config: NodeConfig, seeds: Sequence[tuple[str, int]], advertise: 
     if replaces:
         item["replaces"] = replaces
     try:
-        got = await ask(seeds, config.node_id, config.secret_file, item)
+        got = await ask_change(seeds, config.node_id, config.secret_file, item)
     except AdminError as exc:
         raise ConfigError(f"join: {exc}") from exc
     return Membership.from_wire(got)
@@ -103,8 +118,8 @@ async def decommission(node_id: str, via: Sequence[tuple[str, int]], secret_file
     lists it as left (the node then exits 0 by itself)."""
     me = f"admin-{os.getpid()}"
     try:
-        got = Membership.from_wire(await ask(via, me, secret_file,
-                                             {"op": "change", "change": "leave", "id": node_id}))
+        got = Membership.from_wire(await ask_change(
+            via, me, secret_file, {"op": "change", "change": "leave", "id": node_id}))
     except (AdminError, MembershipError) as exc:
         raise AdminError(f"decommission {node_id}: {exc}") from exc
     m = got.get(node_id)

@@ -322,6 +322,8 @@ class Node:
         life = f"{since}.{incarnation}" if since > 1 else str(incarnation)
         self.origin = f"{self.id}@{life}"
         self.state.set_origin(self.origin)
+        if self._data_dir is not None:
+            membership.persist(self._data_dir, self.membership)
         await self.log.start()
         blob = self.log.load_snapshot()
         if blob is not None:

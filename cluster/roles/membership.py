@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cluster.core.config import NodeConfig, parse_hostport
+from cluster.core.errors import ConfigError
 from cluster.core.membership import LEFT, Membership, MembershipError
 from cluster.roles import antientropy, settle
 from cluster.transport.peer import PeerLink
@@ -61,11 +62,18 @@ class Node(Protocol):
 # -- the ring file -------------------------------------------------------------------------
 
 def load_ring(data_dir: Path) -> Membership | None:
+    """The membership saved in ``data_dir``; None when there is none (or no directory to
+    hold one: the node's recovery says what is wrong with it)."""
+    path = data_dir / RING_FILE
     try:
-        text = (data_dir / RING_FILE).read_text()
-    except FileNotFoundError:
+        text = path.read_text()
+    except (FileNotFoundError, NotADirectoryError):
         return None
-    return Membership.from_wire(json.loads(text))
+    try:
+        return Membership.from_wire(json.loads(text))
+    except (ValueError, MembershipError) as exc:
+        raise ConfigError(f"data_dir: {path} is not a membership ({exc}); restore it from "
+                          f"another member's /v1/ring or move it away to rejoin") from exc
 
 
 def save_ring(data_dir: Path, ms: Membership) -> None:
@@ -92,11 +100,9 @@ def initial(data_dir: Path | None, config: NodeConfig, given: Membership | None)
     """A node's membership at start: ``given`` (a join's), else the ring file once the
     membership changed (version > 1), else ``--peers`` (version 1), which stays the way to
     change a static cluster (restart every node with a new list). Written to the ring file
-    (``data_dir`` None: kept in memory, the simulator)."""
+    at recovery (``persist``; ``data_dir`` None: kept in memory, the simulator)."""
     saved = load_ring(data_dir) if data_dir is not None else None
     if given is not None:
-        if data_dir is not None and given != saved:
-            save_ring(data_dir, given)
         return given
     boot = Membership.bootstrap(config.peers, rf=config.rf, vnodes=config.vnodes)
     if saved is not None and saved.version > 1:
@@ -104,9 +110,17 @@ def initial(data_dir: Path | None, config: NodeConfig, given: Membership | None)
             log.warning("--peers differs from the membership this node saved (version %d): "
                         "using the saved one", saved.version)
         return saved
-    if data_dir is not None and saved != boot:
-        save_ring(data_dir, boot)
     return boot
+
+
+def persist(data_dir: Path, ms: Membership) -> None:
+    """Write ``ms`` to the ring file unless it holds it already (at recovery)."""
+    try:
+        same = load_ring(data_dir) == ms
+    except ConfigError:
+        same = False
+    if not same:
+        save_ring(data_dir, ms)
 
 
 def view(node: Node) -> dict[str, Any]:
