@@ -66,6 +66,25 @@ def test_node_on_a_data_dir_that_is_a_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_node_with_a_corrupt_membership_file_or_a_bad_join(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "ring.json").write_text('{"version": 3, "members": "x"')
+    line = one_error_line(node(0, tmp_path / "d"))
+    assert line.startswith(f"error: data_dir: {tmp_path / 'd' / 'ring.json'} is not a "
+                           "membership"), line
+    joins = [("--listen", "127.0.0.1:0", "--join", "127.0.0.1:1"),  # no fixed port to dial
+             ("--listen", "127.0.0.1:7", "--join", "127.0.0.1:1", "--peers", "n1=h:1"),
+             ("--listen", "127.0.0.1:7", "--replace", "n2")]  # --replace without --join
+    for flags in joins:
+        line = one_error_line(run("cluster.node", "--id", "n1", "--data-dir",
+                                  str(tmp_path / "j"), *flags))
+        assert "--join" in line or "--replace" in line, line
+    line = one_error_line(run("cluster.node", "--id", "n9", "--listen", "127.0.0.1:7",
+                              "--join", "127.0.0.1:1", "--data-dir", str(tmp_path / "j")))
+    assert line.startswith("error: join: 127.0.0.1:1: no node answers"), line
+
+
+@pytest.mark.timeout(60)
 def test_node_with_a_secret_it_cannot_read(tmp_path: Path) -> None:
     line = one_error_line(node(0, tmp_path / "d", "--secret-file", str(tmp_path / "missing")))
     assert line.startswith(f"error: secret_file: cannot read {tmp_path / 'missing'}"), line
