@@ -354,7 +354,7 @@ def take_pulled(node: Node, table: str, blob: bytes) -> bool:
 async def pull_dedup(node: Node) -> int:
     """Take every live replica's dedup state (``take_pulled``); the number of tables taken."""
     merged = 0
-    for peer, link in node.links.items():
+    for peer, link in list(node.links.items()):  # a membership change may add one meanwhile
         try:
             blobs = (await asyncio.wait_for(link.call(Kind.DEDUP, [[]]),
                                             node.config.quorum_timeout * 2))[0]

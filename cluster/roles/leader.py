@@ -184,9 +184,12 @@ class Leader:
         if own is not None:
             waits = [self.replicate(targets, items, own) for targets, items in groups.items()]
             results = await asyncio.gather(*waits)
-            ok_by_group = dict(zip(groups, results, strict=True))
             if not all(results):
-                self._settle_failures(ops, statuses, ok_by_group)
+                # the ids sent in each group that failed (not the groups the ring would make
+                # now: a membership change meanwhile moves a key's write set)
+                self._settle_failures(ops, statuses, {
+                    item[ITEM_OP_ID] for items, ok in zip(groups.values(), results, strict=True)
+                    if not ok for item in items})
             self.metrics.applied += sum(1 for s in statuses if s == _APPLIED)
         for i, fut in dup_waits:
             if not await fut:
@@ -325,20 +328,14 @@ class Leader:
             log.debug("PUBLISHED records not written: %r", exc)
 
     def _settle_failures(self, ops: Sequence[Op], statuses: list[int],
-                         ok_by_group: dict[tuple[str, ...], bool]) -> None:
-        """Ops of groups without a quorum answer 503; so do their duplicates in this batch
-        (a duplicate must never be reported for an op that may not be durable)."""
-        failed = {op_id for targets, ok in ok_by_group.items() if not ok
-                  for op_id in self._group_ids(targets, ops)}
+                         failed: set[str]) -> None:
+        """Ops of groups without a quorum (``failed``: their ids) answer 503; so do their
+        duplicates in this batch (a duplicate must never be reported for an op that may not
+        be durable)."""
         for i, (_table, _key, op_id, _delta, _attempt) in enumerate(ops):
             if op_id in failed and statuses[i] != _UNAVAILABLE:
                 statuses[i] = _UNAVAILABLE
                 self.metrics.unavailable += 1
-
-    def _group_ids(self, targets: tuple[str, ...], ops: Sequence[Op]) -> Iterable[str]:
-        for table, key, op_id, _, _ in ops:
-            if self.targets_of(table, key) == targets:
-                yield op_id
 
 
 def _split(fut: asyncio.Future[list[bool]], n: int) -> list[asyncio.Future[bool]]:

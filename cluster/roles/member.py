@@ -57,32 +57,41 @@ class Node:
                  monotonic: Callable[[], float] = time.monotonic,
                  links: Mapping[str, PeerLink] | None = None, log: DurableLog | None = None,
                  incarnation: Callable[[], int] | None = None,
-                 members: Membership | None = None) -> None:
+                 members: Membership | None = None,
+                 dial: Callable[[str], PeerLink] | None = None,
+                 keep_ring: Callable[[Membership], None] | None = None) -> None:
         """``clock`` (wall) and ``monotonic`` are every clock the roles read; ``links``, ``log``
         and ``incarnation`` (the counter ``recover`` bumps) replace the TCP links, the log
         directory and the incarnation file when given (the simulator, ``cluster.sim``).
         ``members``: the membership to start from; else the data directory's ring file
-        (``cluster.roles.membership``) or, for a new cluster, ``--peers`` (version 1)."""
+        (``cluster.roles.membership``) or, for a new cluster, ``--peers`` (version 1).
+        ``dial`` (a link to a new member) and ``keep_ring`` (store a membership durably)
+        replace the TCP link and the ring file (the simulator)."""
         self.config = config
         self.id = config.node_id
         self.clock = clock
         self.monotonic = monotonic
         data_dir = Path(config.data_dir)
-        self._data_dir = data_dir if log is None else None  # None: keep the ring in memory
+        self._data_dir = data_dir if log is None else None  # None: keep_ring keeps it
+        self._keep_ring = keep_ring or (lambda ms: None)
         self._incarnation = incarnation or (lambda: next_incarnation(data_dir))
         self.membership = membership.initial(self._data_dir, config, members)
         self.ring: Placement = self.membership.placement()
         self.peer_versions: dict[str, int] = {}  # the ring version each peer last showed
         self._installed_at = monotonic()
         self.departed = asyncio.Event()  # set once this node's state is ``left``
+        if membership.departed(self.membership, self.id):  # it left while it was down
+            self.departed.set()
         self.state = NodeState(config, clock=clock)
         self.origin = self.id  # becomes "<id>@<incarnation>" in recover()
         self.log = log if log is not None else DurableLog(
             data_dir / "log", fsync=config.fsync, archive=config.keep_log)
         secret = load_secret(config.secret_file) if config.secret_file else None
         self.auth = PeerAuth(self.id, secret, skew=config.peer_auth_skew, clock=clock)
+        self._link_ssl: Any = None  # _dial's TLS context for links to peers
         self.links: dict[str, PeerLink] = (dict(links) if links is not None
                                            else self._dial(config))
+        self._dial_one = dial or self._link
         self.metrics = NodeMetrics()
         # the peers' clocks as heartbeats measure them; beyond ``max_clock_skew`` from a
         # majority, this node refuses to count (docs/node.md, "Clocks")
@@ -147,14 +156,15 @@ class Node:
             return False
         if self._data_dir is not None:
             membership.save_ring(self._data_dir, ms)
+        self._keep_ring(ms)
         self.membership = ms
         self._installed_at = self.monotonic()
         self.use_placement(ms.placement())
         for m in ms.members:
             if m.id == self.id:
                 continue
-            if m.state != LEFT and m.id not in self.links and hasattr(self, "_link_ssl"):
-                link = self.links[m.id] = self._link(m.id)
+            if m.state != LEFT and m.id not in self.links:
+                link = self.links[m.id] = self._dial_one(m.id)
                 link.connect_soon()
                 self.detector.add(m.id)
             elif m.state == LEFT and m.id in self.links:
@@ -361,7 +371,7 @@ class Node:
     async def close(self) -> None:
         for task in list(self._bg):
             task.cancel()
-        for link in self.links.values():
+        for link in list(self.links.values()):
             await link.stop()
         await self.log.stop()
 

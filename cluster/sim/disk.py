@@ -19,6 +19,7 @@ from pathlib import Path
 
 import msgpack
 
+from cluster.core.membership import Membership
 from cluster.roles.checks import consume
 from cluster.wal import LogRecord, decode_segment, encode_columns, encode_records, scan
 from cluster.wal.errors import LogClosedError
@@ -31,10 +32,11 @@ _SNAPSHOT = object()  # queue marker: a snapshot cut
 
 class SimDisk:
     """What survives a crash of one node: fsynced frames after the latest durable snapshot,
-    that snapshot, and the incarnation counter."""
+    that snapshot, the incarnation counter and the membership (``ring.json``)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self.ring: Membership | None = None
         self.frames: list[bytes] = []
         self.snapshot: bytes | None = None
         self.incarnation = 0

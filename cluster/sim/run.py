@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from client.checker import CounterReport, check
+from cluster.core.membership import Membership
 from cluster.core.shards import ShardStore
 from cluster.sim.clients import History, Workload, client_tasks, final_reads
 from cluster.sim.disk import SimLog
@@ -27,7 +28,10 @@ from cluster.sim.world import Host, World
 # torn: half the crashes land right after a log append is queued and before its fsync, and a
 # crash leaves the unsynced tail lost, torn or corrupt (``World._tear``)
 DEFAULT_FAULTS = ("drop", "delay", "duplicate", "partition", "crash", "pause", "torn")
-FAULTS = (*DEFAULT_FAULTS, "skew")  # skew: opt-in, each node's wall clock offset and drift
+# opt-in: skew, each node's wall clock offset and drift; membership, joins, decommissions and
+# replacements of dead members (one change at a time; spare machines to join)
+FAULTS = (*DEFAULT_FAULTS, "skew", "membership")
+SPARES = 3  # machines a run with the membership fault may add
 BREAKS = ("dedup", "hide")  # test-only switches that must make the checker fail
 
 
@@ -80,7 +84,7 @@ class _Nemesis:
 
     def __init__(self, world: World, rng: random.Random, faults: tuple[str, ...]) -> None:
         self.world, self.rng = world, rng
-        self.kinds = [f for f in ("partition", "crash", "pause") if f in faults]
+        self.kinds = [f for f in ("partition", "crash", "pause", "membership") if f in faults]
         self.mid_write = "torn" in faults
         self.cuts: list[set[tuple[str, str]]] = []
         self.trace: list[str] = []
@@ -104,6 +108,9 @@ class _Nemesis:
         w, rng = self.world, self.rng
         ids = w.ids
         hold = rng.uniform(0.5, 5.0)
+        if kind == "membership":
+            await self.membership()
+            return
         if kind == "partition":
             cut = self.cut(rng.choice(("isolate", "halves", "oneway")), ids)
             self.cuts.append(cut)
@@ -129,6 +136,52 @@ class _Nemesis:
             await asyncio.sleep(hold)
             w.resume(host)
             self.note(f"resume {host.id}")
+
+    async def membership(self) -> None:
+        """One change, asked of the claimant as ``python -m cluster`` would: a spare machine
+        joins, a member is decommissioned, or a member's disk dies (it never comes back) and
+        a spare replaces it. The move finishes by itself (``move_loop``), a window later."""
+        w, rng = self.world, self.rng
+        live = [n for n in w.live_nodes() if n.ready]
+        if not live:
+            return
+        ms = max((n.membership for n in live), key=lambda m: m.version)
+        if ms.moving or any(m not in w.members for m in ms.reachable):
+            return  # one change at a time; a departing node still handing off
+        spares, normal = w.spares(), list(ms.ids("normal"))
+        choices = (["join", "replace"] if spares else []) + (
+            ["leave"] if len(normal) > ms.rf else [])
+        if not choices:
+            return
+        what = rng.choice(choices)
+        spare = spares[0] if spares else None
+        victim = rng.choice(normal)
+        if what == "join" and spare is not None:
+            req = {"change": "join", "id": spare.id, "addr": _addr(spare)}
+        elif what == "replace" and spare is not None:
+            w.retire(w.hosts[victim])  # its disk is gone; the operator sees it down, then acts
+            await asyncio.sleep(2 * w.hosts[victim].config.failure_timeout)
+            req = {"change": "replace", "id": spare.id, "addr": _addr(spare),
+                   "replaces": victim}
+        else:
+            req = {"change": "leave", "id": victim}
+        up = lambda m: w.hosts[m].node is not None and w.hosts[m].up  # noqa: E731
+        claimant = w.hosts[ms.claimant(req.get("replaces") or req["id"], up)]
+        node = claimant.node
+        self.note(f"membership {req} via {claimant.id}")
+        try:
+            if node is None or not claimant.up:
+                raise ConnectionError(f"claimant {claimant.id} is down")
+            got = await asyncio.wait_for(node.changes.change(req), 10.0)
+        except Exception as exc:  # noqa: BLE001 - refused or lost: the cluster is unchanged
+            self.note(f"membership change failed: {exc!r}")
+            if what == "replace":  # nobody took its place: it was not dead after all
+                w.unretire(w.hosts[victim])
+            return
+        new = Membership.from_wire(got)
+        self.note(f"membership version {new.version}: {new.moves()}")
+        if what in ("join", "replace") and spare is not None:
+            w.join(spare, new)
 
     async def crash(self, host: Host) -> str:
         """Crash ``host`` now, or (half the time) right after its next log append is queued
@@ -160,6 +213,10 @@ class _Nemesis:
         return pairs  # one way: side's frames to the others vanish, the others' still arrive
 
 
+def _addr(host: Host) -> str:
+    return "{}:{}".format(*host.config.listen)
+
+
 async def _until_ready(world: World, limit: float) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + limit
@@ -177,14 +234,16 @@ async def _quiet(world: World, least: float, limit: float) -> None:
     deadline = loop.time() + limit
     while loop.time() < deadline:
         nodes = world.live_nodes()
-        if (len(nodes) == len(world.ids) and all(n.ready and not n.pending for n in nodes)):
+        if (len(nodes) == len(world.ids) and all(n.ready and not n.pending for n in nodes)
+                and not any(n.membership.moving for n in nodes)
+                and len({n.membership.version for n in nodes}) == 1):
             return
         await asyncio.sleep(0.5)
 
 
 async def _main(opts: Options, world: World, history: History, nemesis: _Nemesis) -> None:
     skew = random.Random(f"{opts.seed}:skew")
-    for host in world.hosts.values():
+    for host in [world.hosts[nid] for nid in world.ids]:  # the spares wait for a join
         if "skew" in opts.faults:  # each machine's wall clock off by up to 0.3 max_clock_skew
             # and drifting up to 1 ms a second: two nodes stay within max_clock_skew of each
             # other for 150 virtual seconds (the guarantee's assumption)
@@ -226,7 +285,8 @@ def run_seed(opts: Options) -> Result:
     overrides: dict[str, Any] = {"dedup": "none"} if "dedup" in opts.breaks else {}
     net = SimNet(random.Random(f"{opts.seed}:net"))
     disk_rng = random.Random(f"{opts.seed}:disk") if "torn" in opts.faults else None
-    world = World(opts.nodes, opts.rf, net, disk_rng=disk_rng, **overrides)
+    spares = SPARES if "membership" in opts.faults else 0
+    world = World(opts.nodes, opts.rf, net, disk_rng=disk_rng, spares=spares, **overrides)
     history = History()
     nemesis = _Nemesis(world, random.Random(f"{opts.seed}:nemesis"), opts.faults)
     loop = SimLoop()

@@ -11,9 +11,11 @@ from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
 from cluster.core.config import NodeConfig, from_mapping
+from cluster.core.membership import Membership
 from cluster.roles.antientropy import antientropy_loop
 from cluster.roles.failure import heartbeat_loop
 from cluster.roles.member import Node
+from cluster.roles.membership import catch_up, move_loop
 from cluster.roles.settle import settle_loop
 from cluster.sim.disk import SimDisk, SimLog
 from cluster.sim.net import SimLink, SimNet
@@ -41,6 +43,7 @@ class Host:
         self.outbox: list[tuple[str, Callable[[], None]]] = []
         self.tasks: dict[asyncio.Task[Any], None] = {}  # ordered: cancelled in start order
         self.restarts = 0
+        self.retired = False  # left the cluster (or was replaced): never started again
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
@@ -50,8 +53,11 @@ class Host:
 
 
 class World:
+    """``n`` members from the start, and ``spares`` machines a membership change may add
+    (``join``): their ids follow the members' (n6, n7, ... for n = 5)."""
+
     def __init__(self, n: int, rf: int, net: SimNet, *, disk_rng: random.Random | None = None,
-                 **overrides: Any) -> None:
+                 spares: int = 0, **overrides: Any) -> None:
         self.net = net
         self.disk_rng = disk_rng  # None: a crash loses the unsynced tail whole
         ids = [f"n{i + 1}" for i in range(n)]
@@ -62,24 +68,59 @@ class World:
                                 **overrides}
         self.hosts = {nid: Host(nid, from_mapping({
             **base, "node_id": nid, "listen": f"127.0.0.1:{7101 + i}",
-            "data_dir": f"/nonexistent/idc-sim/{nid}"})) for i, nid in enumerate(ids)}
+            "peers": peers if i < n else f"{peers},{nid}=127.0.0.1:{7101 + i}",
+            "data_dir": f"/nonexistent/idc-sim/{nid}"}))
+            for i, nid in enumerate(ids + [f"n{n + j + 1}" for j in range(spares)])}
         net.hosts = self.hosts
-        self.ids = ids
+        self.members = ids  # the hosts in the cluster now: started, not retired
         self.errors: list[str] = []
+
+    @property
+    def ids(self) -> list[str]:
+        return list(self.members)
+
+    def spares(self) -> list[Host]:
+        """Machines never started (a join or a replacement takes one)."""
+        return [h for h in self.hosts.values()
+                if h.id not in self.members and not h.retired and h.node is None]
+
+    def join(self, host: Host, ms: Membership) -> None:
+        """Start ``host`` as a new member under ``ms`` (what the claimant answered)."""
+        host.disk.ring = ms
+        self.members.append(host.id)
+        self.boot(host)
+
+    def retire(self, host: Host) -> None:
+        """``host`` left the cluster (or its disk died): stopped for good."""
+        self.crash(host)
+        host.retired = True
+        if host.id in self.members:
+            self.members.remove(host.id)
 
     def wall(self, host: Host) -> Callable[[], float]:
         loop = asyncio.get_running_loop()
         return lambda: EPOCH + loop.time() * (1.0 + host.drift) + host.skew
 
+    def unretire(self, host: Host) -> None:
+        """Undo ``retire`` of a member that is still in the cluster: start it again."""
+        host.retired = False
+        if host.id not in self.members:
+            self.members.append(host.id)
+        self.restart(host)
+
     def boot(self, host: Host) -> None:
         """Start a node instance on ``host`` from what its disk kept."""
         host.epoch += 1
         loop = asyncio.get_running_loop()
-        links = {pid: SimLink(self.net, host, pid) for pid in self.ids if pid != host.id}
+        ms = host.disk.ring
+        reachable = ms.reachable if ms is not None else self.ids
+        links = {pid: SimLink(self.net, host, pid) for pid in reachable if pid != host.id}
         node = Node(host.config, clock=self.wall(host), monotonic=loop.time,
                     links=cast(dict[str, PeerLink], links),
                     log=cast(DurableLog, SimLog(host.disk)),
-                    incarnation=host.disk.next_incarnation)
+                    incarnation=host.disk.next_incarnation, members=ms,
+                    dial=lambda pid: cast(PeerLink, SimLink(self.net, host, pid)),
+                    keep_ring=lambda kept: setattr(host.disk, "ring", kept))
         host.node = node
         host.spawn(self._serve(host, node))
 
@@ -105,6 +146,16 @@ class World:
         host.spawn(antientropy_loop(node, cfg.antientropy_interval))
         host.spawn(_snapshot_loop(node, cfg.snapshot_interval))
         host.spawn(_sweep_loop(node, 4 * cfg.quorum_timeout))
+        host.spawn(move_loop(node, node.changes))
+        host.spawn(self._depart(host, node))
+
+    async def _depart(self, host: Host, node: Node) -> None:
+        """What ``NodeServer`` does once its node left: hand off, then stop for good."""
+        await node.departed.wait()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(catch_up(node), 4 * host.config.reconcile_timeout)
+        if host.node is node:
+            asyncio.get_running_loop().call_soon(self.retire, host)
 
     def crash(self, host: Host) -> None:
         """kill -9 and power loss: unsynced appends gone, every connection to it broken."""
@@ -142,7 +193,7 @@ class World:
         return waiting[:at] + bytes([waiting[at] ^ (1 << rng.randrange(8))]) + waiting[at + 1:]
 
     def restart(self, host: Host) -> None:
-        if host.node is None:
+        if host.node is None and not host.retired and host.id in self.members:
             host.restarts += 1
             self.boot(host)
 
@@ -169,7 +220,8 @@ class World:
             self.restart(host)
 
     def live_nodes(self) -> list[Node]:
-        return [h.node for h in self.hosts.values() if h.node is not None and h.up]
+        return [h.node for h in self.hosts.values()
+                if h.node is not None and h.up and h.id in self.members]
 
 
 def _reap(tasks: list[asyncio.Task[Any]]) -> None:
