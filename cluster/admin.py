@@ -15,7 +15,7 @@ from typing import Any
 from cluster.core.config import NodeConfig, parse_hostport
 from cluster.core.errors import ConfigError
 from cluster.core.membership import LEFT, Membership, MembershipError
-from cluster.roles.membership import load_ring
+from cluster.roles.membership import gone, load_ring
 from cluster.transport.auth import PeerAuth, load_secret
 from cluster.transport.peer import PeerLink
 from cluster.transport.wire import Kind
@@ -83,7 +83,9 @@ async def join(config: NodeConfig, seeds: Sequence[tuple[str, int]], advertise: 
     it admitted this node (joining, or replacing ``replaces``)."""
     saved = load_ring(Path(config.data_dir))
     me = saved.get(config.node_id) if saved is not None else None
-    if saved is not None and me is not None and me.state != LEFT:
+    if saved is not None and me is not None:
+        if me.state == LEFT:
+            raise gone(config.node_id, saved)
         return saved
     if replaces is None and _has_data(Path(config.data_dir)) and saved is None:
         raise ConfigError(f"data_dir: {config.data_dir} holds another node's data; a joining "

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from cluster.core.clock import OFFSET_ENV, injected_offset, offset_clock
 from cluster.core.config import NodeConfig
-from cluster.core.errors import ClusterError, ConfigError
+from cluster.core.errors import ClusterError, ConfigError, Departed
 from cluster.core.fbf import hotpath
 from cluster.core.membership import Membership
 from cluster.core.metrics import Histogram
@@ -29,7 +29,7 @@ from cluster.edge.raw import RawServer
 from cluster.roles.antientropy import antientropy_loop
 from cluster.roles.failure import heartbeat_loop
 from cluster.roles.member import Node
-from cluster.roles.membership import catch_up, move_loop
+from cluster.roles.membership import catch_up, departed, gone, move_loop
 from cluster.roles.settle import settle_loop
 from cluster.transport.peer import close_all
 
@@ -79,6 +79,8 @@ class NodeServer:
         (READY): the order that keeps a restarted node from answering out of date."""
         started = time.monotonic()
         cfg = self.config
+        if departed(self.node.membership, self.node.id):  # decommissioned, then started again
+            raise gone(self.node.id, self.node.membership)
         try:
             replayed = await self.node.recover()
         except OSError as exc:  # not a directory, read-only, full disk: say so in one line
@@ -355,6 +357,9 @@ def run(config: NodeConfig, join: str | None = None, replaces: str | None = None
     except ConfigError as exc:  # a secret, token or certificate file that does not load,
         print(f"error: {exc}", file=sys.stderr)  # a port in use, a data dir it cannot use
         return 2
+    except Departed as exc:  # it left the cluster: stopped for good, not a failure
+        print(f"{exc}", file=sys.stderr)
+        return 0
     finally:
         if profiler is not None:
             profiler.disable()

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from cluster.core.membership import Membership
-from cluster.local import LocalCluster
+from cluster.local import LocalCluster, StartError
 from tests.cluster_util import Client, running_cluster, wait_until
 
 pytestmark = pytest.mark.asyncio
@@ -156,6 +156,11 @@ async def test_join_then_decommission_under_load_counts_every_op_once() -> None:
             proc = cluster.nodes["n1"].proc
             assert proc is not None
             assert await asyncio.wait_for(proc.wait(), 30) == 0  # it exits by itself, 0
+            # a supervisor starting it again: it says it left and exits 0, serving nothing
+            with pytest.raises(StartError) as gone:
+                await cluster.nodes["n1"].start()
+            assert gone.value.code == 0
+            assert "n1 left the cluster" in cluster.nodes["n1"].log_path.read_text()
             await asyncio.sleep(1.0)
             await load.finish()
             view = await ring(client, urls[1])

@@ -94,3 +94,8 @@ class ConfigError(ClusterError, ValueError):
     """A configuration value is out of range; the message names the field."""
 
     code = "bad_config"
+
+
+class Departed(ClusterError):
+    """This node left the cluster (decommissioned, or replaced): it does not start again. Its
+    process exits 0, so a supervisor that restarts failed processes leaves it stopped."""

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cluster.core.config import NodeConfig, parse_hostport
-from cluster.core.errors import ConfigError
+from cluster.core.errors import ConfigError, Departed
 from cluster.core.membership import LEFT, Membership, MembershipError
 from cluster.roles import antientropy, settle
 from cluster.transport.peer import PeerLink
@@ -322,3 +322,9 @@ def _driver(ms: Membership, node: Node) -> str | None:
 def departed(ms: Membership, node_id: str) -> bool:
     m = ms.get(node_id)
     return m is not None and m.state == LEFT
+
+
+def gone(node_id: str, ms: Membership) -> Departed:
+    """The error a node that left gives when it is started again (it exits 0)."""
+    return Departed(f"{node_id} left the cluster (membership version {ms.version}): not "
+                    f"starting again; to add it back, start it with an empty --data-dir")

@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=6)
     ap.add_argument("--keys", type=int, default=4)
     ap.add_argument("--faults", default=",".join(DEFAULT_FAULTS),
-                    help=f"any of {','.join(FAULTS)} (default: all but skew), or none")
+                    help=f"any of {','.join(FAULTS)} (default: all but skew and membership), "
+                         "or none")
     ap.add_argument("--break", dest="breaks", default="",
                     help=f"test-only: {','.join(BREAKS)} (the checker must then fail)")
     ap.add_argument("--history", help="write the history of the (last) seed here, JSON lines")

@@ -236,7 +236,8 @@ async def _quiet(world: World, least: float, limit: float) -> None:
         nodes = world.live_nodes()
         if (len(nodes) == len(world.ids) and all(n.ready and not n.pending for n in nodes)
                 and not any(n.membership.moving for n in nodes)
-                and len({n.membership.version for n in nodes}) == 1):
+                and len({n.membership.version for n in nodes}) == 1
+                and set(world.ids) == set(nodes[0].membership.reachable)):  # departed: gone
             return
         await asyncio.sleep(0.5)
 

@@ -112,9 +112,9 @@ class World:
         """Start a node instance on ``host`` from what its disk kept."""
         host.epoch += 1
         loop = asyncio.get_running_loop()
-        ms = host.disk.ring
-        reachable = ms.reachable if ms is not None else self.ids
-        links = {pid: SimLink(self.net, host, pid) for pid in reachable if pid != host.id}
+        cfg = host.config
+        ms = host.disk.ring or Membership.bootstrap(cfg.peers, rf=cfg.rf, vnodes=cfg.vnodes)
+        links = {pid: SimLink(self.net, host, pid) for pid in ms.reachable if pid != host.id}
         node = Node(host.config, clock=self.wall(host), monotonic=loop.time,
                     links=cast(dict[str, PeerLink], links),
                     log=cast(DurableLog, SimLog(host.disk)),
