@@ -4,7 +4,11 @@ Builds the image, starts the five nodes and their proxies, waits until every ser
 writes and reads through the proxies, runs the chaos service inside the compose network
 (message faults), runs the chaos driver from the host with --compose-project (kill -9 and pause
 of node containers through the docker CLI), checks the restart policy (a crashed node comes
-back by itself, a `kill`ed one only when started), and removes everything with `down -v`.
+back by itself, a `kill`ed one only when started), adds a sixth node the way compose/README.md
+says (`up -d n6`: it joins the running cluster, the others are not restarted), decommissions it
+(`exec n1 python -m cluster decommission n6 ...`: it exits 0 and stays down) with writes and
+their retries going on throughout, checks every count on every replica, and removes everything
+with `down -v`.
 
 Every host port is a free one (the IDC_*_PORT variables of the compose file) and the project
 name is fresh, so the check runs beside `python -m cluster up` or a compose cluster of one's own.
@@ -12,6 +16,10 @@ Needs a reachable engine and docker-compose (v1) or the compose plugin (v2); not
 `make test` (CI has no engine). Exit status: 0 every step passed, 1 a step failed, 2 no engine.
 
     python compose/check.py [--compose "docker compose"] [--chaos-duration 40] [--keep]
+                            [--steps smoke,chaos,faults,restart,elastic]
+
+`--steps elastic` (what tests/test_compose.py runs when an engine is reachable) is build, up,
+the elastic step and `down -v`: about a minute, plus the build when the image is not cached.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -37,8 +46,13 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 COMPOSE_FILE = HERE / "docker-compose.yml"
 NODES = [f"n{i}" for i in range(1, 6)]
-PORT_VARS = ([f"IDC_N{i}_PORT" for i in range(1, 6)] + [f"IDC_PROXY_N{i}_PORT" for i in range(1, 6)]
+JOINER = "n6"  # the service of profile `elastic` that joins the running cluster
+PORT_VARS = ([f"IDC_N{i}_PORT" for i in range(1, 7)] + [f"IDC_PROXY_N{i}_PORT" for i in range(1, 6)]
              + [f"IDC_CONTROL_N{i}_PORT" for i in range(1, 6)])
+# compose/README.md, "Removing a node" (there without -T: a terminal is fine by hand)
+DECOMMISSION = ["exec", "-T", "n1", "python", "-m", "cluster", "decommission", JOINER, "--via",
+                "n1:7101", "--secret-file", "/run/secrets/cluster_secret"]
+STEPS = ("smoke", "chaos", "faults", "restart", "elastic")
 PROJECT_LABEL = "com.docker.compose.project"
 SERVICE_LABEL = "com.docker.compose.service"
 T0 = time.monotonic()
@@ -87,12 +101,13 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def http(method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+def http(method: str, url: str, body: dict[str, Any] | None = None,
+         timeout: float = 5) -> tuple[int, Any]:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method,
                                  headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=5) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read() or b"null")
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"null")
@@ -298,6 +313,127 @@ class Check:
             raise CheckFailed(f"n4 lost its data across kill -9: {status} {body}")
         say("data: n4 reads the smoke write (5) from its own volume after kill -9 and start")
 
+    def ring(self, node: str) -> dict[str, Any] | None:
+        status, body = http("GET", f"{self.node_url(node)}/v1/ring")
+        return body if status == 200 and isinstance(body, dict) else None
+
+    def states_of(self, member: str, nodes: list[str]) -> dict[str, str | None]:
+        """``member``'s state in each node's /v1/ring (None: no answer, or not listed)."""
+        out: dict[str, str | None] = {}
+        for n in nodes:
+            ring = self.ring(n)
+            listed = {m["id"]: m["state"] for m in ring["members"]} if ring else {}
+            out[n] = listed.get(member)
+        return out
+
+    def elastic(self) -> None:
+        """compose/README.md's "Adding a node" and "Removing a node", with writes (and a retry
+        of each at another node) going on throughout, then every count checked on every
+        replica."""
+        found = self.containers()
+        started = {n: self.state(found[n])["StartedAt"] for n in NODES}
+        writer = Writer([self.node_url(n) for n in NODES])
+        writer.burst(120, "before")
+        say(f"elastic: {writer.acked} increments acknowledged before n6")
+        writer.start()
+        try:
+            t0 = time.monotonic()
+            self.dc("up", "-d", JOINER)
+            wait_for("n6 healthy after `up -d n6`", lambda: self.healthy([JOINER]), 90)
+            healthy_s = time.monotonic() - t0
+            writer.urls.append(self.node_url(JOINER))  # it serves while it joins
+            members = [*NODES, JOINER]
+            wait_for("n6 normal in every member's /v1/ring", lambda: set(
+                self.states_of(JOINER, members).values()) == {"normal"}, 120)
+            normal_s = time.monotonic() - t0
+            self.results["join"] = {"healthy_s": round(healthy_s, 1),
+                                    "normal_everywhere_s": round(normal_s, 1)}
+            say(f"add: `up -d n6`; n6 healthy after {healthy_s:.1f} s, `normal` in all six "
+                f"/v1/ring after {normal_s:.1f} s")
+            found = self.containers()
+            restarted = {n: self.state(found[n])["StartedAt"] for n in NODES
+                         if self.state(found[n])["StartedAt"] != started[n]}
+            if restarted:
+                raise CheckFailed(f"`up -d n6` restarted other nodes: {sorted(restarted)}")
+            writer.burst(120, "with n6")
+            status, health = http("GET", f"{self.node_url(JOINER)}/v1/health")
+            held = health.get("counters") if status == 200 and health else None
+            if not held:
+                raise CheckFailed(f"n6 holds no counter after joining: {status} {health}")
+            say(f"n6 holds {held} counters; {writer.acked} increments acknowledged so far, "
+                f"writes continuing")
+            t0 = time.monotonic()
+            r = self.dc(*DECOMMISSION, "--timeout", "120", timeout=180, check=False)
+            took = time.monotonic() - t0
+            writer.urls.remove(self.node_url(JOINER))
+            lines = [ln for ln in r.stdout.splitlines() if ln.strip()]
+            say(f"remove: `{' '.join(DECOMMISSION[3:])}` exit {r.returncode} after {took:.1f} s")
+            for line in lines[:1] + lines[-1:]:
+                say(f"    {line.strip()}")
+            if r.returncode != 0:
+                raise CheckFailed(f"decommission exit {r.returncode}\n{r.stdout[-3000:]}\n"
+                                  f"{r.stderr[-3000:]}")
+            n6 = found[JOINER]
+            wait_for("n6 container exited", lambda: not self.state(n6)["Running"], 60)
+            # the restart policy must leave it down: watched for 5 s
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                state = self.state(n6)
+                if state["Running"] or state.get("Restarting") or state["RestartCount"]:
+                    raise CheckFailed(f"n6 came back after its decommission: {state}")
+                time.sleep(0.5)
+            if state["ExitCode"] != 0:
+                raise CheckFailed(f"n6 exited {state['ExitCode']} after its decommission")
+            self.results["decommission"] = {"s": round(took, 1), "n6_exit": state["ExitCode"]}
+            say("n6: exited 0, stayed down 5 s (restart: on-failure), RestartCount 0")
+            left = self.states_of(JOINER, NODES)
+            if set(left.values()) != {"left"}:
+                raise CheckFailed(f"n6 not `left` in every remaining /v1/ring: {left}")
+            writer.burst(60, "after")
+        finally:
+            writer.stop()
+        if writer.problems:
+            raise CheckFailed("writes: " + "; ".join(writer.problems[:5]))
+        self.exact_on_every_replica(writer)
+
+    def exact_on_every_replica(self, writer: Writer) -> None:
+        """Every node reads every key at consistency=one (a node holding the key reads its own
+        copy, so every replica is read) and at all: the acknowledged count, exactly."""
+        expected = writer.expected
+
+        def wrong() -> dict[str, Any]:
+            bad: dict[str, Any] = {}
+            for key, want in expected.items():
+                for n in NODES:
+                    status, body = http("GET", f"{self.node_url(n)}/v1/counters/elastic/{key}"
+                                        "?consistency=one")
+                    if (status, body) != (200, {"value": want}):
+                        bad[f"{n}:{key}"] = (status, body, want)
+            return bad
+
+        try:
+            took = wait_for("every replica at the exact count", lambda: not wrong(), 30, 1.0)
+        except CheckFailed as exc:
+            raise CheckFailed(f"{exc}: {dict(list(wrong().items())[:8])}") from None
+        for key, want in expected.items():
+            status, body = http("GET", f"{self.node_url('n1')}/v1/counters/elastic/{key}"
+                                "?consistency=all")
+            if (status, body) != (200, {"value": want}):
+                raise CheckFailed(f"consistency=all {key}: {status} {body}, expected {want}")
+        ports = {self.ports[f"IDC_{n.upper()}_PORT"]: n for n in [*NODES, JOINER]}
+        where = [f"{ports.get(f.split(':')[0], '?')} {f.split(':', 1)[1]}"
+                 for f in writer.failed_at]
+        failed = f" ({', '.join(where)})" if where else ""
+        self.results["elastic_writes"] = {"acknowledged": writer.acked,
+                                          "retries_recognised": writer.duplicates,
+                                          "retries_failed": writer.retries_failed,
+                                          "keys": len(expected)}
+        say(f"counts: {writer.acked} increments over {len(expected)} keys, each retried at "
+            f"another node: {writer.duplicates} recognised as duplicates, "
+            f"{writer.retries_failed} retries failed{failed}, none counted twice; every key "
+            f"exact on every node at consistency=one ({took:.1f} s after the last write) and "
+            f"at all")
+
     def down(self) -> None:
         self.dc("down", "-v", "--remove-orphans", timeout=300)
         left = run(["docker", "ps", "-a", "-q", "--filter", f"label={PROJECT_LABEL}="
@@ -309,11 +445,97 @@ class Check:
         say("down -v: no container or volume of the project left")
 
 
+class Writer:
+    """Increments by 1 of keys in table ``elastic``, each with its own op id, sent to one node
+    and, once acknowledged, retried with the same op id at another node (which must answer
+    duplicate). An attempt that fails is sent again, same op id, to the next node; every
+    attempt and retry is sent within 8 s of the first (inside the 10 s dedup window, where a
+    retry must never count twice). ``burst`` writes in the caller's thread; ``start`` keeps
+    writing in a thread of its own until ``stop``."""
+
+    KEYS = 24
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = list(urls)
+        self.expected: dict[str, int] = {f"k{i}": 0 for i in range(self.KEYS)}
+        self.acked = self.duplicates = self.retries_failed = 0
+        self.problems: list[str] = []
+        self.failed_at: list[str] = []  # "port:status error" of failed retries (0: no answer)
+        self._seq = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def one(self, tag: str) -> None:
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
+        key, op = f"k{seq % self.KEYS}", {"op_id": f"check-{tag}:{seq}", "delta": 1}
+        start = time.monotonic()
+        attempt = 0
+        while True:
+            urls = list(self.urls)
+            url = urls[(seq + attempt) % len(urls)]
+            status, body = http("POST", f"{url}/v1/counters/elastic/{key}", op, timeout=2)
+            if status == 200:
+                break
+            attempt += 1
+            if time.monotonic() - start > 5.5:
+                self.problems.append(f"{op['op_id']} not acknowledged within 8 s: {status} "
+                                     f"{body}")
+                return
+            time.sleep(0.2)
+        with self._lock:
+            self.expected[key] += 1
+            self.acked += 1
+        if time.monotonic() - start > 6:
+            return  # a retry now might land after the window: not a fair test
+        other = urls[(seq + attempt + 1) % len(urls)]
+        status, retry = http("POST", f"{other}/v1/counters/elastic/{key}", op, timeout=2)
+        if status == 200 and retry.get("duplicate") is True:
+            with self._lock:
+                self.duplicates += 1
+        elif status == 200:
+            self.problems.append(f"{op['op_id']}: retry at {other} counted again: {retry}")
+        else:  # the retry itself got no answer: the op it repeats stays counted once
+            with self._lock:
+                self.retries_failed += 1
+                err = retry.get("error") if isinstance(retry, dict) else None
+                why = err.get("code", "") if isinstance(err, dict) else ""
+                self.failed_at.append(f"{other.rsplit(':', 1)[1]}:{status} {why}".strip())
+
+    def burst(self, n: int, tag: str) -> None:
+        for _ in range(n):
+            self.one(tag)
+
+    def start(self) -> None:
+        def loop() -> None:
+            while not self._stop.is_set():
+                self.one("bg")
+                self._stop.wait(0.05)
+
+        self._thread = threading.Thread(target=loop, name="writer", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+
+
 def _summary(out: str) -> list[str]:
     keep = ("VALID", "INVALID", "adds", "nemeses played", "ack latency",
             "converged", "skipped", "double", "lost")
     return [ln.strip() for ln in out.splitlines() if ln.strip().startswith(keep)
             or any(k in ln for k in ("VALID", "nemeses played"))][:12]
+
+
+def _steps(text: str) -> list[str]:
+    steps = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in steps if s not in STEPS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown step(s) {unknown}; known: {','.join(STEPS)}")
+    return steps
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -324,6 +546,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chaos-duration", type=float, default=40.0,
                     help="seconds of the host chaos run (the in-network one gets half)")
     ap.add_argument("--keep", action="store_true", help="leave the project up (no down -v)")
+    ap.add_argument("--steps", type=_steps, default=list(STEPS),
+                    help=f"after build and up, these steps in this order (default: "
+                         f"{','.join(STEPS)}; restart reads smoke's write); "
+                         f"`--steps elastic` takes about a minute")
     args = ap.parse_args(argv)
     compose = find_compose(args.compose)
     info = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"],
@@ -340,13 +566,16 @@ def main(argv: list[str] | None = None) -> int:
             f"{max(check.ports.values())} (free ones)")
         failed = False
         try:
-            for step in (check.build, check.up, check.smoke, check.chaos_in_network,
-                         check.chaos_process_faults, check.restart_policy):
+            steps = {"smoke": check.smoke, "chaos": check.chaos_in_network,
+                     "faults": check.chaos_process_faults, "restart": check.restart_policy,
+                     "elastic": check.elastic}
+            for step in [check.build, check.up, *(steps[s] for s in args.steps)]:
                 step()
         except CheckFailed as exc:
             failed = True
             say(f"FAILED: {exc}")
-            logs = check.dc("logs", "--no-color", "--tail", "20", check=False)
+            # every node by name, n6 (a service of a profile) included
+            logs = check.dc("logs", "--no-color", "--tail", "20", *NODES, JOINER, check=False)
             print(logs.stdout[-6000:], file=sys.stderr)
         finally:
             if not args.keep:

@@ -20,9 +20,11 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -39,6 +41,7 @@ yaml = pytest.importorskip("yaml", reason="pyyaml parses the compose file")
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "compose" / "docker-compose.yml"
+COMPOSE_README = ROOT / "compose" / "README.md"
 LOOPBACK = {"0.0.0.0", "127.0.0.1", "localhost"}
 # Service keys of the compose spec this file may use (a typo is not silently ignored).
 SERVICE_KEYS = {
@@ -259,8 +262,19 @@ def test_translate_addresses_paths_and_python() -> None:
 
 
 def nodes_of(compose: dict[str, Any]) -> dict[str, list[str]]:
+    """Every node service: the cluster's and the one that joins it."""
     return {n: argv_of(s) for n, s in compose["services"].items()
             if argv_of(s)[1:3] == ["-m", "cluster.node"]}
+
+
+def bootstrap_nodes(compose: dict[str, Any]) -> dict[str, list[str]]:
+    """The nodes `docker-compose up -d` starts, the cluster's first members (``--peers``)."""
+    return {n: a for n, a in nodes_of(compose).items() if "--peers" in a}
+
+
+def joining_nodes(compose: dict[str, Any]) -> dict[str, list[str]]:
+    """The nodes that join the running cluster (``--join``; `docker-compose up -d n6`)."""
+    return {n: a for n, a in nodes_of(compose).items() if "--join" in a}
 
 
 def proxies_of(compose: dict[str, Any]) -> dict[str, list[str]]:
@@ -335,8 +349,9 @@ def test_compose_services_follow_the_spec() -> None:
 def test_compose_cluster_shape() -> None:
     compose = load()
     services = compose["services"]
-    nodes = nodes_of(compose)
+    nodes = bootstrap_nodes(compose)
     assert sorted(nodes) == ["n1", "n2", "n3", "n4", "n5"]
+    assert sorted(nodes_of(compose)) == sorted([*nodes, *joining_nodes(compose)])
     expected_peers = {n: f"{n}:{listens(a)[0]}" for n, a in nodes.items()}
     data_volumes = set()
     for name, argv in nodes.items():
@@ -371,6 +386,42 @@ def test_compose_cluster_shape() -> None:
     assert set(chaos["depends_on"]) == set(proxies_of(compose))
 
 
+def test_joining_node_is_started_by_name_only_and_left_down_once_removed() -> None:
+    """n6 joins the running cluster: not started by a plain `up -d` (a profile of its own),
+    dialled at its service name (--advertise, since it listens on 0.0.0.0), joining through
+    bootstrap members it waits for, its membership on a volume of its own (a restart
+    resumes), and a restart policy that restarts a crash but not its exit 0 after a
+    decommission (unless-stopped and always would start it again, and it would join again)."""
+    compose = load()
+    services = compose["services"]
+    boot = bootstrap_nodes(compose)
+    joiners = joining_nodes(compose)
+    assert sorted(joiners) == ["n6"]
+    volumes = {mounts(services[n])[flag(a, "--data-dir")] for n, a in boot.items()}
+    for name, argv in joiners.items():
+        svc = services[name]
+        assert svc["profiles"] == ["elastic"], f"{name}: `docker-compose up -d` must not start it"
+        assert svc["restart"] == "on-failure", name
+        assert flag(argv, "--id") == name == svc["hostname"]
+        assert "--peers" not in argv and "--rf" not in argv, "the cluster's rf and members"
+        port = listens(argv)
+        assert port == [int(flag(argv, "--listen").rsplit(":", 1)[1])]
+        assert flag(argv, "--advertise") == f"{name}:{port[0]}"
+        seeds = flag(argv, "--join").split(",")
+        assert seeds and all(s == f"{s.split(':')[0]}:{listens(boot[s.split(':')[0]])[0]}"
+                             for s in seeds), f"{name}: --join names bootstrap members: {seeds}"
+        assert {s.split(":")[0] for s in seeds} == set(svc["depends_on"])
+        assert all(d["condition"] == "service_healthy" for d in svc["depends_on"].values())
+        data = flag(argv, "--data-dir")
+        assert data in mounts(svc) and mounts(svc)[data] not in volumes, name
+        assert "/v1/ready" in healthcheck_code(svc)[2]
+        assert flag(argv, "--secret-file") == CLUSTER_SECRET
+    from cluster.cli import parse
+
+    config, _, join, _ = parse(joiners["n6"][3:])
+    assert join == "n1:7101,n2:7101" and config.advertise == "n6:7101"
+
+
 def test_image_is_built_once_and_shared() -> None:
     """One service builds the image; every service runs that same image (compose would build
     it once per service that has `build:`)."""
@@ -394,7 +445,7 @@ def test_host_ports_are_variables_clear_of_cluster_up() -> None:
             assert not 7101 <= int(m.group(2)) < 7101 + 100, f"{name}: {spec} clashes with " \
                 "`python -m cluster up`"
             names.append(m.group(1))
-    assert len(names) == len(set(names)) == 15, names
+    assert len(names) == len(set(names)) == 16, names
     moved = load(env={"IDC_N3_PORT": "27003"})["services"]
     assert moved["n3"]["ports"] == ["127.0.0.1:27003:7101"] != defaults["n3"]["ports"]
 
@@ -501,7 +552,8 @@ def test_docker_compose_config_validates() -> None:
     cli = _compose_cli()
     if cli is None:
         pytest.skip("neither docker-compose nor the docker compose plugin is installed")
-    r = subprocess.run([*cli, "-f", str(COMPOSE), "--profile", "chaos", "config", "-q"],
+    r = subprocess.run([*cli, "-f", str(COMPOSE), "--profile", "chaos", "--profile", "elastic",
+                        "config", "-q"],
                        capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 0, r.stderr
 
@@ -587,14 +639,14 @@ def test_compose_commands_run_as_local_processes(tmp_path: Path) -> None:
         out_dir = Path(translate([flag(argv_of(services["chaos"]), "--out")], "chaos", plan)[0])
         report = json.loads((out_dir / "report.json").read_text())
         assert report["valid"] and report["checker"]["valid"], run.stdout
-        assert sorted(report["nodes"]) == sorted(nodes_of(compose))
+        assert sorted(report["nodes"]) == sorted(bootstrap_nodes(compose))
         finals = report["checker"]["finals"]
         assert finals, "final reads were taken"
         for f in finals:
             assert len(set(f["values"].values())) == 1 and f["converged"], f
-            assert set(f["values"]) == set(nodes_of(compose)), f
+            assert set(f["values"]) == set(bootstrap_nodes(compose)), f
         assert report["checker"]["acknowledged"] > 0
-        for name in nodes_of(compose):  # peers signed and checked every frame with the secret
+        for name in bootstrap_nodes(compose):  # peers signed and checked every frame
             port = plan.ports[(name, listens(argv_of(services[name]))[0])]
             m = _metrics(f"http://127.0.0.1:{port}/metrics")
             assert m["idc_peer_auth_enabled"] == 1, f"{name}: peer authentication is off"
@@ -606,7 +658,7 @@ def test_compose_commands_run_as_local_processes(tmp_path: Path) -> None:
             assert p.poll() is None, failure(f"{name} exited early with {p.returncode}")
     finally:
         _stop(procs)
-    for name in nodes_of(compose):
+    for name in bootstrap_nodes(compose):
         code = procs[name].returncode
         assert code == 0, failure(f"{name}: exit {code} after SIGTERM")
 
@@ -636,3 +688,182 @@ def _wait_healthy(name: str, svc: dict[str, Any], plan: LocalPlan,
             return
         assert time.monotonic() < deadline, failure(f"{name} not healthy within 30 s")
         time.sleep(0.2)
+
+
+# -- adding and removing a node --------------------------------------------------------------
+
+DECOMMISSION = re.compile(
+    r"(?m)^\s*docker-compose exec (\S+) (python -m cluster decommission n6 [^\\\n]+)$")
+
+
+def documented_decommission() -> tuple[str, list[str]]:
+    """The command compose/README.md gives for removing n6: the service it is run in, its argv."""
+    found = {(m.group(1), m.group(2).strip()) for m in
+             DECOMMISSION.finditer(COMPOSE_README.read_text())}
+    assert len(found) == 1, f"one decommission command in compose/README.md: {found}"
+    service, cmd = found.pop()
+    return service, shlex.split(cmd)
+
+
+def test_documented_commands_for_adding_and_removing_a_node() -> None:
+    """What compose/README.md and compose/check.py run: `up -d n6`, and the decommission from
+    inside n1 with the secret n1 is given, which the CLI parses."""
+    text = COMPOSE_README.read_text()
+    assert "docker-compose up -d n6" in text and "docker compose up -d n6" in text
+    service, argv = documented_decommission()
+    compose = load()
+    assert service in bootstrap_nodes(compose)
+    assert argv[:5] == ["python", "-m", "cluster", "decommission", "n6"]
+    assert flag(argv, "--via") == f"{service}:{listens(argv_of(compose['services'][service]))[0]}"
+    assert secret_mounts(compose["services"][service]).get(flag(argv, "--secret-file"))
+    from cluster.__main__ import build_parser
+
+    args = build_parser().parse_args(argv[3:])
+    assert args.command == "decommission" and args.id == "n6"
+    spec = importlib.util.spec_from_file_location("compose_check", ROOT / "compose" / "check.py")
+    assert spec is not None and spec.loader is not None
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    assert ["exec", "-T", service, *argv] == check.DECOMMISSION, "check.py runs the same"
+
+
+def _http(method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, method=method,
+                                 data=json.dumps(body).encode() if body is not None else None)
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, None
+    except (OSError, ValueError):
+        return 0, None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_adding_and_removing_a_node_as_local_processes(tmp_path: Path) -> None:
+    """The n6 service's exact command joins the five started from theirs (every member's
+    /v1/ring lists it normal), and the decommission command of compose/README.md, run as n1
+    would run it, removes it: exit 0, n6 exits 0, every count exact on every node. The nodes
+    get `--window 3` appended (a move lasts about a window; later flags win)."""
+    compose = load()
+    services = compose["services"]
+    boot = list(bootstrap_nodes(compose))
+    joiner = "n6"
+    shorter = ["--window", "3"]
+    plan = make_plan(compose, tmp_path, _free_ports())
+    for d in plan.volumes.values():
+        d.mkdir(parents=True)
+    from cluster.transport.auth import write_secret
+
+    for secret_file in plan.secrets.values():
+        secret_file.parent.mkdir(parents=True, exist_ok=True)
+        write_secret(secret_file)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def failure(msg: str) -> str:
+        return msg + "".join(f"\n--- {n} ---\n{_tail(logs / f'{n}.err')}" for n in procs)
+
+    def start(name: str) -> None:
+        argv = translate(argv_of(services[name]), name, plan) + shorter
+        with open(logs / f"{name}.out", "wb") as out, open(logs / f"{name}.err", "wb") as err:
+            procs[name] = subprocess.Popen(argv, stdout=out, stderr=err, cwd=tmp_path, env=env,
+                                           preexec_fn=_preexec)
+
+    def url(name: str) -> str:
+        return f"http://127.0.0.1:{plan.ports[(name, listens(argv_of(services[name]))[0])]}"
+
+    def states(names: list[str]) -> dict[str, str | None]:
+        out = {}
+        for n in names:
+            status, ring = _http("GET", f"{url(n)}/v1/ring")
+            got = {m["id"]: m["state"] for m in ring["members"]} if status == 200 else {}
+            out[n] = got.get(joiner)
+        return out
+
+    expected = {f"k{i}": 0 for i in range(8)}
+
+    def write(via: list[str], n: int, tag: str) -> None:
+        for i in range(n):
+            key, op = f"k{i % len(expected)}", {"op_id": f"t-{tag}:{i}", "delta": 1}
+            for attempt in range(10):  # the same op id at the next node until acknowledged
+                status, _ = _http("POST", f"{url(via[(i + attempt) % len(via)])}"
+                                  f"/v1/counters/elastic/{key}", op)
+                if status == 200:
+                    expected[key] += 1
+                    break
+                time.sleep(0.2)
+            else:
+                raise AssertionError(failure(f"{op} not acknowledged"))
+
+    def wait(what: str, cond: Any, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            assert time.monotonic() < deadline, failure(f"{what}: not within {timeout} s")
+            time.sleep(0.3)
+
+    try:
+        for name in boot:
+            start(name)
+        for name in boot:
+            _wait_healthy(name, services[name], plan, procs, failure)
+        write(boot, 40, "before")
+        start(joiner)  # `docker-compose up -d n6`
+        _wait_healthy(joiner, services[joiner], plan, procs, failure)
+        wait("n6 normal in every /v1/ring",
+             lambda: set(states([*boot, joiner]).values()) == {"normal"}, 60)
+        write([joiner, *boot], 40, "with")
+        status, health = _http("GET", f"{url(joiner)}/v1/health")
+        assert status == 200 and health["counters"] > 0, f"n6 holds no counter: {health}"
+        service, cmd = documented_decommission()
+        run = subprocess.run(translate(cmd, service, plan), capture_output=True, text=True,
+                             timeout=90, cwd=tmp_path, env=env, preexec_fn=_preexec)
+        print(run.stdout)
+        assert run.returncode == 0, failure(f"decommission exit {run.returncode}\n"
+                                            f"{run.stdout}\n{run.stderr}")
+        assert "n6: left on every member" in run.stdout
+        assert procs[joiner].wait(30) == 0, failure("n6 did not exit 0 after leaving")
+        assert set(states(boot).values()) == {"left"}
+        write(boot, 20, "after")
+
+        def exact() -> bool:
+            return all(_http("GET", f"{url(n)}/v1/counters/elastic/{k}?consistency=one")
+                       == (200, {"value": v}) for n in boot for k, v in expected.items())
+
+        wait("every count exact on every node", exact, 15)
+    finally:
+        _stop(procs)
+    for name in boot:
+        assert procs[name].returncode == 0, failure(f"{name}: exit {procs[name].returncode}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_adding_and_removing_a_node_under_a_real_engine() -> None:
+    """`compose/check.py --steps elastic` under a real engine: build, `up -d`, writes, `up -d
+    n6`, n6 normal in every /v1/ring and no other node restarted, writes (and retries) through
+    the join and the decommission, n6 exited 0 and left down, every count exact on every node,
+    `down -v`; about a minute, plus the build. Skipped where no engine answers (CI)."""
+    cli = _compose_cli()
+    if cli is None or shutil.which("docker") is None:
+        pytest.skip("no docker CLI and docker-compose (or the compose plugin)")
+    try:
+        info = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"],
+                              capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        pytest.skip("docker info did not answer within 20 s")
+    if info.returncode != 0:
+        pytest.skip(f"no container engine reachable: {info.stderr.strip()[:200]}")
+    run = subprocess.run([sys.executable, str(ROOT / "compose" / "check.py"), "--steps",
+                          "elastic", "--compose", shlex.join(cli)], capture_output=True,
+                         text=True, timeout=400, cwd=ROOT)
+    print(run.stdout)
+    if run.returncode == 2:
+        pytest.skip(f"compose/check.py found no engine: {run.stderr[-300:]}")
+    assert run.returncode == 0, f"{run.stdout[-6000:]}\n{run.stderr[-6000:]}"
