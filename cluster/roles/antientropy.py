@@ -64,17 +64,20 @@ def _failure_level(node: Node) -> int:
     return logging.INFO if node.ready else logging.DEBUG
 
 
-def _replica_sets(ring: Any) -> Callable[[str, str], frozenset[str]]:
+def _replica_sets(ring: Any, me: str) -> Callable[[str, str], frozenset[str]]:
     """A key's replica set (one frozenset per distinct preference list, shared); while a move
-    is under way, with the member gaining the key (``Placement.write_set``)."""
+    is under way, with the member gaining the key (``Placement.write_set``). Empty for a key
+    ``me`` no longer replicates (a move took it away): it is exchanged with nobody, where it
+    would differ from every replica's digests forever."""
     prefs = getattr(ring, "write_set", ring.preference_list)
     sets: dict[tuple[str, ...], frozenset[str]] = {}
+    none: frozenset[str] = frozenset()
 
     def group_of(table: str, key: str) -> frozenset[str]:
         p = prefs(table, key)
         g = sets.get(p)
         if g is None:
-            g = sets[p] = frozenset(p)
+            g = sets[p] = frozenset(p) if me in p else none
         return g
 
     return group_of
@@ -105,7 +108,7 @@ async def _flushed(node: Node) -> Digests:
         shards = node.state.shards
         if shards.digests.owner is not ring:  # a new store (recovery) or the first use
             shards.group_digests(ring, None if ring.replicates_everywhere
-                                 else _replica_sets(ring))
+                                 else _replica_sets(ring, node.id))
         left = shards.flush_digests(_FLUSH_CHUNK)
     while left:
         await asyncio.sleep(0)
