@@ -184,3 +184,11 @@ async def test_a_joining_node_killed_mid_move_restarts_on_its_data(tmp_path: Pat
         await n4.start()
         await n4.kill()  # mid-move: the move lasts at least window + skew + 2 s
         await n4.start(timeout=30.0)
+
+
+def test_a_crash_kills_the_leaving_node_when_a_decommission_is_allowed() -> None:
+    topo = FakeTopo(["n1", "n2", "n3", "n4"])
+    plays = MembershipPlays(topo, None)  # type: ignore[arg-type]
+    assert [plays._crash_variant(3) for _ in range(3)] == ["leaving", "joining", "leaving"]
+    topo.ids.pop()
+    assert plays._crash_variant(3) == "joining"  # rf members: nothing may leave

@@ -5,12 +5,13 @@ the cluster's own tools (``--join``, ``--replace``, ``python -m cluster decommis
     decommission    a member leaves (only while more than rf members are normal)
     replace         a member is killed (-9), and once every other member sees it down a new
                     node takes its place (``--replace``, empty data directory)
-    crash           a move starts (a join, or a decommission when there are more than rf
-                    members), and the moving node is killed -9 mid-move; at heal it restarts
-                    on its data directory and the move must resume and finish. If it cannot
-                    restart, the history says so (``restart-failed``, with the node's own
-                    error) and a joining node's join is aborted (decommission of a joining
-                    member) so that the cluster is whole again
+    crash           a move starts (a decommission when there are more than rf members and the
+                    last crash was not of a leaving node, else a join), and the moving node is
+                    killed -9 mid-move; at heal it restarts on its data directory and the move
+                    must resume and finish. If it cannot restart, the history says so
+                    (``restart-failed``, with the node's own error) and a joining node's join
+                    is aborted (decommission of a joining member) so that the cluster is whole
+                    again
 
 The first play of a run is a join (3 members and rf 3 leave nothing to remove), then the other
 kinds in a shuffled order, then all four shuffled again. Each play is healed by waiting until
@@ -74,6 +75,7 @@ class MembershipPlays:
         self.rounds = 0
         self.play: dict[str, Any] | None = None  # the change under way
         self.steps: list[dict[str, Any]] = []
+        self.last_crash: str | None = None
 
     # -- choosing --------------------------------------------------------------------------
 
@@ -88,6 +90,14 @@ class MembershipPlays:
             self.order.insert(0, kind)  # first grow, then shrink
             kind = "join"
         return kind
+
+    def _crash_variant(self, rf: int) -> str:
+        """Which moving node a crash play kills: the leaving one whenever a decommission is
+        allowed (more than rf members) and the last crash was not of a leaving one, else the
+        joining one."""
+        leaving = len(self.topo.ids) > rf and self.last_crash != "leaving"
+        self.last_crash = "leaving" if leaving else "joining"
+        return self.last_crash
 
     def _new_id(self) -> str:
         assert self.topo.cluster is not None
@@ -149,7 +159,7 @@ class MembershipPlays:
         elif kind == "replace":
             play.update(await self._replace(rng, version))
         else:
-            moving = "leaving" if len(self.topo.ids) > rf and rng.random() < 0.5 else "joining"
+            moving = self._crash_variant(rf)
             play["moving"] = moving
             if moving == "joining":
                 play["node"] = await self._join(kind, version)
