@@ -39,6 +39,21 @@ class NodePool:
         self.urls.append(url)
         return True
 
+    def remove(self, url: str) -> bool:
+        """Stop using ``url`` (its node left the cluster): it is no longer tried, and what it
+        said (its id, its window) is forgotten. The last URL is kept: False, as for an
+        unknown one."""
+        url = normalize_url(url)
+        if url not in self.urls or len(self.urls) == 1:
+            return False
+        self.urls.remove(url)
+        self.failed_at.pop(url, None)
+        self.windows.pop(url, None)
+        node_id = self.node_ids.pop(url, None)
+        if node_id is not None and self._url_of.get(node_id) == url:
+            del self._url_of[node_id]
+        return True
+
     def order(self, prefer: str | None = None) -> list[str]:
         """Every node once: ``prefer`` (a key's leader) first, the others rotated for load
         spreading; recently failed ones last."""

@@ -132,6 +132,7 @@ def test_cli_check_exit_status(tmp_path: Path, final: int, code: int,
 class FakeTopo:
     def __init__(self, n: int, links: bool) -> None:
         self.ids = [f"n{i + 1}" for i in range(n)]
+        self.linked_ids = self.ids  # every node's peer links go through proxies
         self.peer_links = links
         self.external: list[str] = []
         self.can_control_processes = True

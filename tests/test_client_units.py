@@ -106,3 +106,18 @@ def test_the_pool_learns_the_ring_and_names_each_keys_leader() -> None:
     other.learn("http://a:1", {"node": "n1", "members": ["n1"], "rf": 1,
                                "ring": {**ring, "hash": "something-else"}}, discover=False)
     assert other.ring is None and other.leader_url("t", "k") is None  # unknown placement
+
+
+def test_the_pool_forgets_a_node_that_left() -> None:
+    ring = {"vnodes": 16, "hash": "murmur3_x64_128", "key": "<table>/<key>"}
+    pool = NodePool(["a:1", "b:1"])
+    for url, nid in (("a:1", "n1"), ("b:1", "n2")):
+        pool.learn(f"http://{url}", {"node": nid, "window_s": 2.0 if nid == "n2" else 5.0,
+                                     "members": ["n1", "n2"], "rf": 2, "ring": ring},
+                   discover=False)
+    pool.record("http://b:1", False)
+    assert pool.remove("b:1") and not pool.remove("b:1") and not pool.remove("a:1")
+    assert pool.urls == ["http://a:1"] and pool.order() == ["http://a:1"]
+    assert pool.window(9.0) == 5.0 and "http://b:1" not in pool.failed_at
+    assert all(pool.leader_url("t", f"k{i}") in (None, "http://a:1") for i in range(20))
+    assert pool.add("c:1") and pool.urls == ["http://a:1", "http://c:1"]

@@ -3,6 +3,10 @@ nemesis schedule plays; then heal, wait for quiet, read every replica, check lik
 
     python -m client.chaos                                # 3 local nodes, every nemesis, 30 s
     python -m client.chaos --duration 20 --nemesis lost-ack,duplicate,kill
+    python -m client.chaos --duration 32 --nemesis membership   # nodes join, leave, are
+                                                          # replaced, crash mid-move (nodes
+                                                          # get --window 2: a move lasts
+                                                          # ~6-9 s)
     python -m client.chaos --nodes http://h1:7101,http://h2:7101   # given nodes (no process
                                                                    # or peer faults)
     python -m client.chaos --nodes http://127.0.0.1:19101,... --compose-project idemcount

@@ -21,6 +21,10 @@ one fault at a time, going round the chosen nemeses in a shuffled order so every
     partition       peer links cut (down or blackholed): one node isolated, a minority from a
                     majority, a bridge node seeing both halves, or one node cut one way
     peer-messages   peer frames dropped, duplicated, delayed and reordered; replication acks lost
+    membership      (not a default) one change of the member list per play: a new node joins,
+                    a member is decommissioned, a killed member is replaced (--replace), or the
+                    joining or leaving node is killed -9 mid-move and restarted; each heal
+                    waits until the move finished on every member (client.chaos.membership)
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from client.chaos.history import History
+from client.chaos.membership import MembershipPlays, move_hold
 from client.chaos.topology import Topology
 from cluster.core.clock import OFFSET_ENV
 
@@ -43,6 +48,12 @@ class Nemesis(ABC):
     name = ""
     needs = ""  # "", "processes" or "peer-links"
     default = True
+    history: History | None = None  # set by the schedule, for nemeses that record steps
+
+    def lasts(self, topo: Topology) -> float:
+        """Seconds a play takes at least (the schedule starts none that would end after the
+        workload)."""
+        return 0.0
 
     def missing(self, topo: Topology) -> str | None:
         if self.needs == "processes" and not topo.can_control_processes:
@@ -57,8 +68,8 @@ class Nemesis(ABC):
         """Begin the fault; the returned detail goes into the history."""
 
     @abstractmethod
-    async def stop(self, topo: Topology) -> None:
-        """Heal this fault."""
+    async def stop(self, topo: Topology) -> dict[str, Any] | None:
+        """Heal this fault; a detail of how the heal went (recorded with the stop), if any."""
 
 
 class ClientToxic(Nemesis):
@@ -248,8 +259,9 @@ class Partition(Nemesis):
     needs = "peer-links"
 
     async def start(self, topo: Topology, rng: random.Random) -> dict[str, Any]:
-        shapes = ["isolate", "halves", "one-way"] + (["bridge"] if len(topo.ids) >= 3 else [])
-        pairs, detail = partition_pairs(topo.ids, rng.choice(shapes), rng)
+        ids = topo.linked_ids  # a node that joined later has no link proxies
+        shapes = ["isolate", "halves", "one-way"] + (["bridge"] if len(ids) >= 3 else [])
+        pairs, detail = partition_pairs(ids, rng.choice(shapes), rng)
         mode = rng.choice(["down", "blackhole"])
         await topo.cut(pairs, mode=mode)
         return {**detail, "mode": mode}
@@ -277,10 +289,41 @@ class PeerMessages(Nemesis):
         await topo.heal_network()
 
 
+class Membership(Nemesis):
+    """One change of the member list per play, healed by waiting until the move finished on
+    every member (``client.chaos.membership``). Not a default: a play lasts at least a dedup
+    window (the driver starts its nodes with ``--window`` 2 s when this nemesis is chosen)."""
+
+    name = "membership"
+    needs = "processes"
+    default = False
+
+    def __init__(self) -> None:
+        self.plays: MembershipPlays | None = None
+
+    def missing(self, topo: Topology) -> str | None:
+        if topo.cluster is None:
+            return "needs a local cluster (it starts new node processes)"
+        return super().missing(topo)
+
+    def lasts(self, topo: Topology) -> float:
+        assert topo.cluster is not None
+        return move_hold(list(topo.cluster.extra_args)) + 1.0
+
+    async def start(self, topo: Topology, rng: random.Random) -> dict[str, Any]:
+        if self.plays is None or self.plays.topo is not topo:  # a new run
+            self.plays = MembershipPlays(topo, self.history)
+        self.plays.history = self.history
+        return await self.plays.begin(rng)
+
+    async def stop(self, topo: Topology) -> dict[str, Any] | None:
+        return await self.plays.finish() if self.plays is not None else None
+
+
 ALL: dict[str, Nemesis] = {n.name: n for n in (
     LostAck(), Drop(), Duplicate(), LateDuplicate(), Delay(), Reset(), Down(), Kill(), Pause(),
     Clock(), Partition(),
-    PeerMessages())}
+    PeerMessages(), Membership())}
 
 
 def choose(names: Sequence[str] | None, topo: Topology) -> tuple[list[Nemesis], dict[str, str]]:
@@ -310,6 +353,8 @@ class Schedule:
         self.quiet, self.fault = quiet, fault
         self.current: Nemesis | None = None
         self.played: list[dict[str, Any]] = []
+        for nemesis in self.nemeses:
+            nemesis.history = history
 
     async def run(self, stop_at: float) -> None:
         if not self.nemeses:
@@ -324,7 +369,13 @@ class Schedule:
                 if not order:
                     order = list(self.nemeses)
                     self.rng.shuffle(order)
-                nemesis = order.pop()
+                # the next one that still ends before the workload does
+                fits = [n for n in reversed(order)
+                        if time.monotonic() + n.lasts(self.topo) < stop_at]
+                if not fits:
+                    return
+                nemesis = fits[0]
+                order.remove(nemesis)
                 await self._play(nemesis, stop_at)
         finally:
             await self._heal_current()
@@ -335,15 +386,18 @@ class Schedule:
         started = self.history.now()
         self.history.nemesis("start", nemesis.name, **detail)
         await _sleep_until(min(stop_at, time.monotonic() + self.rng.uniform(*self.fault)))
-        await self._heal_current()
+        healed = await self._heal_current()
         self.played.append({"nemesis": nemesis.name, "start": started,
-                            "stop": self.history.now(), **detail})
+                            "stop": self.history.now(), **detail,
+                            **({"healed": healed} if healed else {})})
 
-    async def _heal_current(self) -> None:
+    async def _heal_current(self) -> dict[str, Any] | None:
         nemesis, self.current = self.current, None
+        healed = None
         if nemesis is not None:
-            await nemesis.stop(self.topo)
-            self.history.nemesis("stop", nemesis.name)
+            healed = await nemesis.stop(self.topo)
+            self.history.nemesis("stop", nemesis.name, **(healed or {}))
+        return healed
 
 
 async def _sleep_until(t: float) -> None:

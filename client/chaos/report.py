@@ -24,6 +24,7 @@ def render(res: ChaosResult) -> str:
                                        or "none"))
     for name, why in res.skipped.items():
         lines.append(f"  skipped {name}: {why}")
+    lines += _membership(res)
     lines += _counts(res)
     lines += _finals(res)
     lines += ["", f"over-count {r.over_count}   under-count {r.under_count}   "
@@ -39,6 +40,33 @@ def render(res: ChaosResult) -> str:
     lines.append(f"history: {res.history_path}")
     lines.append("=" * 72)
     return "\n".join(lines)
+
+
+def _membership(res: ChaosResult) -> list[str]:
+    """One line per membership change: what, ring versions, how the heal went."""
+    lines = []
+    for p in res.played:
+        if p["nemesis"] != "membership":
+            continue
+        kind, node, healed = p.get("kind"), p.get("node"), p.get("healed") or {}
+        what = {"join": f"join {node}", "decommission": f"decommission {node}",
+                "replace": f"replace {p.get('replaces')} by {node}"}.get(
+            str(kind), f"crash of {p.get('moving')} {node} "
+                       f"({'mid-move' if p.get('killed_mid_move') else 'after the move'})")
+        notes = []
+        if "restarted" in healed:
+            notes.append("restarted" if healed["restarted"] else
+                         f"restart FAILED: {healed.get('restart_error')}")
+        if "exit_code" in healed:
+            notes.append(f"exit {healed['exit_code']}")
+        if healed.get("settled") is False:
+            notes.append("NOT settled")
+        lines.append(f"  membership: {what}: v{p.get('version_before')} -> "
+                     f"v{healed.get('version', '?')} in {healed.get('seconds', '?')} s"
+                     + (f"; {', '.join(notes)}" if notes else "")
+                     + (f"; members {' '.join(healed['members'])}" if healed.get("members")
+                        else ""))
+    return lines
 
 
 def _counts(res: ChaosResult) -> list[str]:

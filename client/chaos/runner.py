@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import random
 import time
@@ -79,7 +80,23 @@ class ChaosResult:
         return out
 
 
+# The dedup window of local nodes when the membership nemesis plays (unless --node-arg sets
+# one): a move lasts at least a window (plus max_clock_skew and two failure timeouts), so the
+# default 10 s would leave room for about one change in a 30 s run.
+MEMBERSHIP_WINDOW = 2.0
+
+
+def effective(cfg: ChaosConfig) -> ChaosConfig:
+    """``cfg`` with the node flags the chosen nemeses need (``MEMBERSHIP_WINDOW``)."""
+    args = list(cfg.node_args)
+    if ("membership" in (cfg.nemeses or ()) and not cfg.urls
+            and not any(a == "--window" or a.startswith("--window=") for a in args)):
+        return dataclasses.replace(cfg, node_args=(*args, "--window", f"{MEMBERSHIP_WINDOW:g}"))
+    return cfg
+
+
 async def run_chaos(cfg: ChaosConfig) -> ChaosResult:
+    cfg = effective(cfg)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     history = History(out / "history.jsonl")
@@ -93,6 +110,7 @@ async def run_chaos(cfg: ChaosConfig) -> ChaosResult:
             nemeses, skipped = choose(cfg.nemeses, topo)
             workload = Workload(cfg.workload, topo.client_urls, history,
                                 seed=rng.randrange(1 << 30))
+            topo.on_members.append(workload.use_nodes)  # joins and departures
             schedule = Schedule(nemeses, topo, history, random.Random(rng.random()),
                                 quiet=cfg.quiet, fault=cfg.fault)
             progress = Progress(cfg.workload.duration, lambda: _status(history, schedule),
@@ -107,7 +125,7 @@ async def run_chaos(cfg: ChaosConfig) -> ChaosResult:
             await topo.wait_delivered(cfg.quiet_timeout)  # late copies still count
             converged, in_doubt = await _final_reads(topo, history, cfg)
             stats, counters = workload.stats().as_dict(), topo.proxy_counters()
-            ids, links = topo.ids, topo.peer_links
+            ids, links, departed = topo.ids, topo.peer_links, list(topo.departed)
     finally:
         history.close()
     report = check(history.events, nodes=ids)
@@ -116,7 +134,7 @@ async def run_chaos(cfg: ChaosConfig) -> ChaosResult:
         played=schedule.played, skipped=skipped, nodes=ids, client_stats=stats,
         proxies=counters, latency_ms=latencies(history.events), converged_after_s=converged,
         healthy=healthy, duration_s=round(time.monotonic() - started, 2), peer_links=links,
-        extra={"in_doubt_left": in_doubt})
+        extra={"in_doubt_left": in_doubt, **({"departed": departed} if departed else {})})
     (out / "report.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))
     return result
 

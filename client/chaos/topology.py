@@ -3,6 +3,12 @@ node's client port and, when the node supports ``--connect-via``, a peer proxy o
 link (n1->n2 is one proxy, n2->n1 another), so partitions cut exactly the links they name.
 Given URLs of a docker-compose cluster and its project name, the process faults (kill, pause)
 act on the node containers instead (``client.chaos.containers``).
+
+The members change under the membership nemesis (``client.chaos.membership``): a node that
+joins gets a client proxy of its own (its peer traffic goes direct: a joining node dials the
+addresses of the ring), one that left or was replaced loses its proxy and is neither faulted,
+healed nor read again; whoever watches ``on_members`` (the workload's clients) is told the
+client URLs of the members each time.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -61,10 +67,22 @@ class Topology:
         self.node_urls: dict[str, str] = {}
         self.paused: set[str] = set()
         self.killed: set[str] = set()
+        # membership: ids that left (or were replaced), and who wants the new client URLs
+        self.departed: list[str] = []
+        self.membership_changed = False
+        self.on_members: list[Callable[[list[str]], Awaitable[None]]] = []
+        self._retired_counters: dict[str, dict[str, int]] = {}
 
     @property
     def ids(self) -> list[str]:
+        """The current members (a node that left is not one)."""
         return list(self.node_urls)
+
+    @property
+    def linked_ids(self) -> list[str]:
+        """The members whose peer links go through proxies (those started with the cluster:
+        a node that joined later dials its peers directly)."""
+        return [i for i in self.node_urls if any(src == i for src, _ in self.link_proxies)]
 
     @property
     def can_control_processes(self) -> bool:
@@ -231,7 +249,8 @@ class Topology:
         for node_id in list(self.killed):
             await self.restart(node_id)
         for node_id, node in (self.cluster.nodes.items() if self.cluster else ()):
-            if node.env:  # a clock offset left by an interrupted nemesis
+            if node.env and node_id in self.node_urls:  # a clock offset left by an
+                # interrupted nemesis, on a node still a member
                 await self.restart_with_env(node_id, {})
 
     async def wait_delivered(self, timeout: float) -> bool:
@@ -272,7 +291,77 @@ class Topology:
         return seen
 
     def proxy_counters(self) -> dict[str, dict[str, int]]:
-        return {name: dict(p.counters) for name, p in self.proxies.proxies.items()}
+        return {**self._retired_counters,
+                **{name: dict(p.counters) for name, p in self.proxies.proxies.items()}}
+
+    # -- membership ------------------------------------------------------------------------
+
+    async def add_member(self, node_id: str, *, join: Sequence[str],
+                         replaces: str | None = None, timeout: float = 60.0) -> NodeProcess:
+        """Start a new node with ``--join`` (the members ``join``, in that order) and, if
+        given, ``--replace replaces``; once it printed READY it is a member here too: a client
+        proxy in front of it, its URL told to ``on_members``. Raises what its start raised
+        (``StartError``: it exited with its own error line)."""
+        assert self.cluster is not None, "membership changes need a local cluster"
+        self.membership_changed = True
+        node = self.cluster.add_node(node_id, join=join, replaces=replaces)
+        await node.start(timeout=timeout)
+        self.node_urls[node_id] = node.url
+        self.client_proxies[node_id] = await self.proxies.create(
+            f"client-{node_id}", "127.0.0.1:0", node.address, protocol="http")
+        await self._members_changed()
+        return node
+
+    async def drop_member(self, node_id: str) -> None:
+        """``node_id`` is no member any more (it left, its join was aborted, or it was replaced):
+        its client proxy goes (its counters stay in the report) and no fault, heal or final
+        read touches it again."""
+        self.membership_changed = True
+        self.node_urls.pop(node_id, None)
+        self.killed.discard(node_id)
+        self.paused.discard(node_id)
+        if node_id not in self.departed:
+            self.departed.append(node_id)
+        proxy = self.client_proxies.pop(node_id, None)
+        if proxy is not None:
+            self._retired_counters[proxy.name] = dict(proxy.counters)
+            await self.proxies.delete(proxy.name)
+        await self._members_changed()
+
+    async def _members_changed(self) -> None:
+        urls = self.client_urls
+        for watch in self.on_members:
+            await watch(urls)
+
+    async def ring_views(self, ids: Sequence[str] | None = None,
+                         timeout: float = 2.0) -> dict[str, dict[str, Any] | None]:
+        """Each member's ``GET /v1/ring`` (None: it did not answer), asked at once."""
+        ids = list(self.node_urls) if ids is None else list(ids)
+
+        async def one(s: aiohttp.ClientSession, url: str) -> dict[str, Any] | None:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+                async with s.get(f"{url}/v1/ring") as resp:
+                    if resp.status == 200:
+                        body = await resp.json()
+                        return body if isinstance(body, dict) else None
+            return None
+
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
+            views = await asyncio.gather(*(one(s, self.node_urls[i]) for i in ids))
+        return dict(zip(ids, views, strict=True))
+
+    async def wait_ring_settled(self, timeout: float) -> dict[str, Any] | None:
+        """Until every live member's ``/v1/ring`` shows no move, one version, and exactly the
+        members this topology holds (none joining or leaving): that ring (None: not within
+        ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            live = [i for i in self.node_urls if i not in self.killed]
+            views = await self.ring_views(live)
+            view = ring_settled(views, set(self.node_urls))
+            if view is not None or time.monotonic() > deadline:
+                return view
+            await asyncio.sleep(0.3)
 
     # -- observation -----------------------------------------------------------------------
 
@@ -286,9 +375,34 @@ class Topology:
                         async with s.get(f"{url}/v1/health") as resp:
                             ok += resp.status == 200
                 if ok == len(self.node_urls):
-                    return True
+                    break
                 await asyncio.sleep(0.2)
-        return False
+            else:
+                return False
+        if self.membership_changed:  # and every move finished, on every member
+            left = max(1.0, deadline - time.monotonic())
+            return await self.wait_ring_settled(left) is not None
+        return True
+
+
+def ring_settled(views: dict[str, dict[str, Any] | None],
+                 members: set[str]) -> dict[str, Any] | None:
+    """One of ``views`` (``GET /v1/ring`` answers) when they all say the same settled ring:
+    no move, one version, and ``members`` exactly the members not left, every one normal."""
+    if not views or any(v is None for v in views.values()):
+        return None
+    first = next(iter(views.values()))
+    assert first is not None
+    for v in views.values():
+        assert v is not None
+        if v.get("move") or v.get("version") != first.get("version"):
+            return None
+        states = {m.get("id"): m.get("state") for m in v.get("members", [])}
+        if {i for i, st in states.items() if st != "left"} != members:
+            return None
+        if any(states[i] != "normal" for i in members):
+            return None
+    return first
 
 
 def directed_links(ids: Sequence[str]) -> list[tuple[str, str]]:

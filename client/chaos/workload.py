@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from client.chaos.history import History
+from client.config import normalize_url
 from client.errors import ClientError, NotAppliedError, OutcomeUnknownError, RejectedError
 from client.sdk import CounterClient
 from client.stats import ClientStats
@@ -74,6 +75,7 @@ class Workload:
         self.clients: list[CounterClient] = []
         self.done = 0
         self.inflight = 0
+        self.running = False
 
     def stats(self) -> ClientStats:
         total = ClientStats()
@@ -98,14 +100,30 @@ class Workload:
         try:
             for c in self.clients:
                 await c.start()
+            self.running = True
             stop_at = time.monotonic() + cfg.duration
             workers = [self._worker(slot, self.clients[slot % cfg.clients], stop_at,
                                     random.Random(self.rng.random()))
                        for slot in range(cfg.processes)]
             await asyncio.gather(*workers)
         finally:
+            self.running = False
             for c in self.clients:
                 await c.stop()
+
+    async def use_nodes(self, urls: Sequence[str]) -> None:
+        """The members changed (membership nemesis): from now on every client uses exactly
+        ``urls`` (a node that joined is added, one that left is no longer tried), and asks
+        the new ones their id and the ring at once instead of at its next health round."""
+        self.urls = list(urls)
+        for c in self.clients:
+            for url in urls:
+                c.pool.add(url)
+            wanted = {normalize_url(u) for u in urls}
+            for url in [u for u in c.pool.urls if u not in wanted]:
+                c.pool.remove(url)
+        if self.running:
+            await asyncio.gather(*(c.refresh() for c in self.clients), return_exceptions=True)
 
     async def _worker(self, slot: int, client: CounterClient, stop_at: float,
                       rng: random.Random) -> None:
