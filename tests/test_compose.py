@@ -593,22 +593,30 @@ def _stop(procs: dict[str, subprocess.Popen[bytes]]) -> None:
             p.wait(5)
 
 
+def _local_plan(compose: dict[str, Any], tmp_path: Path
+                ) -> tuple[LocalPlan, Path, dict[str, str]]:
+    """The compose services as local processes under ``tmp_path``: their plan (volumes made,
+    the secret written as `make compose-secret` makes it, mode 600), a logs directory and the
+    environment to run them in."""
+    from cluster.transport.auth import write_secret
+
+    plan = make_plan(compose, tmp_path, _free_ports())
+    for d in plan.volumes.values():
+        d.mkdir(parents=True)
+    for secret_file in plan.secrets.values():
+        secret_file.parent.mkdir(parents=True, exist_ok=True)
+        write_secret(secret_file)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    return plan, logs, {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_compose_commands_run_as_local_processes(tmp_path: Path) -> None:
     compose = load()
     services = compose["services"]
-    plan = make_plan(compose, tmp_path, _free_ports())
-    for d in plan.volumes.values():
-        d.mkdir(parents=True)
-    from cluster.transport.auth import write_secret
-
-    for secret_file in plan.secrets.values():  # what `make compose-secret` makes, mode 600
-        secret_file.parent.mkdir(parents=True, exist_ok=True)
-        write_secret(secret_file)
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    plan, logs, env = _local_plan(compose, tmp_path)
     procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def failure(msg: str) -> str:
@@ -754,17 +762,7 @@ def test_adding_and_removing_a_node_as_local_processes(tmp_path: Path) -> None:
     boot = list(bootstrap_nodes(compose))
     joiner = "n6"
     shorter = ["--window", "3"]
-    plan = make_plan(compose, tmp_path, _free_ports())
-    for d in plan.volumes.values():
-        d.mkdir(parents=True)
-    from cluster.transport.auth import write_secret
-
-    for secret_file in plan.secrets.values():
-        secret_file.parent.mkdir(parents=True, exist_ok=True)
-        write_secret(secret_file)
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    plan, logs, env = _local_plan(compose, tmp_path)
     procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def failure(msg: str) -> str:
