@@ -123,6 +123,7 @@ async def test_join_then_decommission_under_load_counts_every_op_once() -> None:
             load = Load(client, urls[1:], "a")  # n1 will leave: the writers use n2, n3
             load.start()
             await asyncio.sleep(1.0)
+            before = Counter(load.acked)  # acked before the join: n4 must hold it when normal
             n4 = cluster.add_node("n4", join=["n1"])
             await n4.start()
             view = await ring(client, n4.url)
@@ -132,6 +133,11 @@ async def test_join_then_decommission_under_load_counts_every_op_once() -> None:
             await wait_until(lambda: settled(client, every, 3), timeout=40,
                              what="n4 normal everywhere")
             finished = time.monotonic()
+            placement = membership(await ring(client, n4.url)).placement()
+            mine = [k for k in KEYS if "n4" in placement.preference_list("t", k)]
+            assert mine
+            for key in mine:  # n4's own copy, read the moment it became a replica
+                assert await client.value(n4.url, "t", key, "one") >= before[key], key
             # retries of ops acked during the move, sent to the new member: duplicates
             recent = [(op_id, key) for t, op_id, key in load.log if finished - t < WINDOW / 3]
             assert recent

@@ -210,6 +210,27 @@ def _busy(node: Node, peer: str) -> bool:
     return peer in _running.get(node, ())
 
 
+async def converge(node: Node, peer: str, timeout: float) -> bool:
+    """One whole exchange with ``peer``, run by this node: one the other side is running
+    meanwhile is waited out, not taken for ours (it may have begun before what this one must
+    cover). True once it ran, False after ``timeout``. Every entry that differed when it began
+    is then merged both ways; writes since then reach both by replication (what a membership
+    move waits for before it finishes)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if peer not in _running.get(node, ()):
+            _running.setdefault(node, set()).add(peer)
+            try:
+                busy, _moved = await _sync_once(node, peer)
+            finally:
+                _running.get(node, set()).discard(peer)
+            if not busy:
+                return True
+        await asyncio.sleep(0.1)  # an exchange between the two is under way: let it end
+    return False
+
+
 async def sync_with(node: Node, peer: str) -> int:
     """One anti-entropy exchange with ``peer``; the number of keys that differed. The buckets
     that differ are narrowed down level by level (the children of what still differs), so what
@@ -227,13 +248,19 @@ async def sync_with(node: Node, peer: str) -> int:
 
 
 async def _sync(node: Node, peer: str) -> int:
+    return (await _sync_once(node, peer))[1]
+
+
+async def _sync_once(node: Node, peer: str) -> tuple[bool, int]:
+    """One exchange: (whether ``peer`` was running one with us, so skipped; keys that
+    differed)."""
     link = node.links[peer]
     timeout = node.config.quorum_timeout * 2
     m = node.metrics
     m.antientropy_rounds += 1
     first = (await asyncio.wait_for(link.call(Kind.DIGEST, [{}]), timeout))[0]
     if first.get("busy"):  # it is running an exchange with us, which covers this one
-        return 0
+        return True, 0
     theirs = first["digests"]
     mine = await digests(node, peer)
     with _Cpu(node):
@@ -243,11 +270,11 @@ async def _sync(node: Node, peer: str) -> int:
                                       dict(enumerate(theirs.get(t, ())))))}
     for level in range(1, len(LEVELS)):
         if not differ:
-            return 0
+            return False, 0
         ask = {"level": level, "under": differ}
         reply = (await asyncio.wait_for(link.call(Kind.DIGEST, [ask]), timeout))[0]
         if "sums" not in reply:  # a peer without the tree answers the first question again
-            return await _exchange(node, link, peer, {"want": differ})
+            return False, await _exchange(node, link, peer, {"want": differ})
         ours = await child_digests(node, peer, level, differ)
         with _Cpu(node):
             m.antientropy_bytes += _size(ask) + _size(reply)
@@ -259,7 +286,7 @@ async def _sync(node: Node, peer: str) -> int:
         keys = await _differing_keys(node, link, peer, batch)
         if keys:
             done += await _exchange(node, link, peer, {"want": {}, "keys": keys})
-    return done
+    return False, done
 
 
 async def _differing_keys(node: Node, link: Any, peer: str,

@@ -253,8 +253,8 @@ async def pull(node: Node, peer: str) -> None:
 
 async def catch_up(node: Node) -> bool:
     """Before a move finishes: settle this node's in-doubt ops, hand off its hints, and swap
-    entries with every live member (the digests are grouped by the write sets, so the ranges
-    it gains or gives are included). True when every exchange succeeded."""
+    entries with every live member until nothing differs (the digests are grouped by the
+    write sets, so the ranges it gains or gives are included). True when it got there."""
     await settle.settle_all(node)  # type: ignore[arg-type]
     for peer in list(node.links):
         await node.hints.deliver(node, peer)
@@ -262,8 +262,8 @@ async def catch_up(node: Node) -> bool:
     for peer in list(node.links):
         if node.membership.get(peer) is None or not node.is_live(peer):
             continue
-        try:
-            await antientropy.sync_with(node, peer)  # type: ignore[arg-type]
+        try:  # until nothing differs: the finish makes this node's copies the ones read
+            ok = await antientropy.converge(node, peer, 20.0) and ok  # type: ignore[arg-type]
         except Exception as exc:  # noqa: BLE001 - the driver asks again
             log.info("move catch-up with %s failed: %r", peer, exc)
             ok = False
