@@ -96,11 +96,16 @@ async def until(cond: Any, timeout: float = 10.0, what: str = "condition") -> No
 
 async def converged(c: Cluster, client: Client, key: str, value: int,
                     table: str = "t", timeout: float = 10.0) -> None:
-    async def ok() -> bool:
-        vals = [await client.value(c.url(n), table, key, "one") for n in c.servers]
-        return vals == [value] * len(vals)
+    seen: list[dict[str, int]] = [{}]
 
-    await until(ok, timeout, f"every replica of {table}/{key} at {value}")
+    async def ok() -> bool:
+        seen[0] = {n: await client.value(c.url(n), table, key, "one") for n in c.servers}
+        return list(seen[0].values()) == [value] * len(seen[0])
+
+    try:
+        await until(ok, timeout, f"every replica of {table}/{key} at {value}")
+    except AssertionError as exc:  # say what the replicas held: slow, or wrong?
+        raise AssertionError(f"{exc}; last seen {seen[0]}") from None
 
 
 async def sees_down(c: Cluster, observer: str, peer: str) -> None:
