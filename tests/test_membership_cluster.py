@@ -234,6 +234,11 @@ async def test_a_join_can_be_aborted_and_membership_needs_the_secret() -> None:
             _, err = await asyncio.wait_for(no_secret.communicate(), 30)
             assert no_secret.returncode == 1 and b"error: decommission n1" in err, err
             assert (await ring(client, n2.url))["version"] == 1  # nothing changed
+            from cluster import admin
+
+            with pytest.raises(admin.AdminError, match="a move finishes by itself"):
+                await admin.ask([(n2.host, n2.port)], "admin-test", str(cluster.secret_file),
+                                {"op": "change", "change": "finish", "version": 1})
 
             again = cluster.add_node("n2x", join=["n1"])
             again.args[again.args.index("n2x")] = "n2"  # an id that is a member already

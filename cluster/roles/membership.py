@@ -145,12 +145,11 @@ class Changes:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.lock = asyncio.Lock()
-        self.finishing = False
 
     async def on_ring(self, peer: str, items: list[Any]) -> list[Any]:
-        return [await self._one(peer, item) for item in items]
+        return [await self._one(item) for item in items]
 
-    async def _one(self, peer: str, item: Any) -> Any:
+    async def _one(self, item: Any) -> Any:
         node = self.node
         if not isinstance(item, dict):
             raise MembershipError("RING item must be a map")
@@ -161,6 +160,10 @@ class Changes:
             node.install(Membership.from_wire(item.get("ring")))
             return node.membership.version
         if op == "change":
+            if item.get("change") not in ("join", "leave", "replace"):  # finish is the
+                # driver's own, after the hold: asked for early, it would break the guarantee
+                raise MembershipError("a change is join, leave or replace; a move finishes by "
+                                      "itself")
             return await self.change(item)
         if op == "sync":
             return await catch_up(node)
