@@ -47,7 +47,8 @@ async def ask_change(seeds: Sequence[tuple[str, int]], own_id: str, secret_file:
 async def ask(seeds: Sequence[tuple[str, int]], own_id: str, secret_file: str | None,
               item: dict[str, Any], timeout: float = 30.0) -> Any:
     """Send one RING item to the first seed that answers; its answer. Each seed is asked as
-    the peer it is (``to`` in the signed HELLO): its id comes from a first ``get``."""
+    the peer it is (``to`` in the signed HELLO names it): its id comes from its /v1/health.
+    Plain TCP only: a cluster on TLS (``--tls-cert``) is not reached by these tools yet."""
     secret = load_secret(secret_file) if secret_file else None
     auth = PeerAuth(own_id, secret)
     errors = []
