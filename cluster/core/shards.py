@@ -81,6 +81,13 @@ class ShardStore:
             self._origins.append(name)
         return i
 
+    def last_incarnation(self, node_id: str) -> int:
+        """The highest incarnation ``n`` of the origins ``<node_id>@<n>`` this store holds
+        pairs of (0: none): what a node that lost its disk must start above."""
+        prefix = node_id + "@"
+        return max((int(o[len(prefix):]) for o in self._origins
+                    if o.startswith(prefix) and o[len(prefix):].isdigit()), default=0)
+
     def _find(self, table: str, key: str) -> tuple[Page, int, int] | None:
         """The key's page, number in it and leaf; None when the store does not hold it."""
         pages = self._tables.get(table)

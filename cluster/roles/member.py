@@ -327,6 +327,15 @@ class Node:
         id that left and comes back, even on an empty disk, never reuses an origin.
         """
         incarnation = self._incarnation()
+        if incarnation == 1 and self._data_dir is not None and self.links:
+            # an empty data dir: a new cluster, or this node lost its disk and the peers
+            # still hold pairs of its past lives (never reuse one)
+            seen = await membership.last_incarnation(
+                self, self.config.peer_connect_timeout + self.config.quorum_timeout)
+            if seen >= incarnation:
+                incarnation = next_incarnation(self._data_dir, at_least=seen + 1)
+                log.warning("empty data dir, but the peers hold pairs of %s@%d: starting as "
+                            "incarnation %d", self.id, seen, incarnation)
         me = self.membership.get(self.id)
         since = me.since if me is not None else 1
         life = f"{since}.{incarnation}" if since > 1 else str(incarnation)
@@ -386,6 +395,7 @@ class Node:
         state = self.state
         return {
             "node": self.id,
+            "origin": self.origin,
             "status": "ok" if self.ready else "recovering",
             "members": list(self.ring.members),
             "rf": self.ring.rf,

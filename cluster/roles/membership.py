@@ -167,6 +167,8 @@ class Changes:
             return await self.change(item)
         if op == "sync":
             return await catch_up(node)
+        if op == "incarnation":  # a node that lost its disk: the last life we saw of it
+            return node.state.shards.last_incarnation(str(item.get("id", "")))
         raise MembershipError(f"unknown RING op {op!r}")
 
     async def change(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -252,6 +254,22 @@ async def pull(node: Node, peer: str) -> None:
         node.install(Membership.from_wire(got))
     except Exception as exc:  # noqa: BLE001 - the next heartbeat tries again
         log.debug("ring pull from %s failed: %r", peer, exc)
+
+
+async def last_incarnation(node: Node, timeout: float) -> int:
+    """The highest incarnation of this node's id any reachable peer holds pairs of (0: none
+    answered one). A node starting on an empty disk asks, so that it never raises a pair of
+    a past life again: its value is the peers' to keep, and a counter that restarted from 0
+    under the same origin would lose every increment to their higher copy (max-merge)."""
+    futs = [link.call(Kind.RING, [{"op": "incarnation", "id": node.id}], probe=True)
+            for link in list(node.links.values())]
+    if not futs:
+        return 0
+    done, pending = await asyncio.wait(futs, timeout=timeout)
+    for f in pending:
+        f.cancel()
+    seen = [f.result()[0] for f in done if f.exception() is None]
+    return max([s for s in seen if type(s) is int] or [0])
 
 
 async def catch_up(node: Node) -> bool:

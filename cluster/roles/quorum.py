@@ -9,17 +9,19 @@ from pathlib import Path
 from typing import Any
 
 
-def next_incarnation(data_dir: Path) -> int:
-    """Read, bump and durably store this data directory's incarnation number."""
+def next_incarnation(data_dir: Path, at_least: int = 0) -> int:
+    """Read, bump and durably store this data directory's incarnation number (no lower than
+    ``at_least``)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / "incarnation"
     try:
         current = int(path.read_text().strip() or 0)
     except FileNotFoundError:
         current = 0
+    value = max(current + 1, at_least)
     tmp = data_dir / "incarnation.tmp"
     with open(tmp, "w") as f:
-        f.write(f"{current + 1}\n")
+        f.write(f"{value}\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -28,7 +30,7 @@ def next_incarnation(data_dir: Path) -> int:
         os.fsync(fd)
     finally:
         os.close(fd)
-    return current + 1
+    return value
 
 
 def quorum_future(futures: Sequence[asyncio.Future[Any]], need: int,
