@@ -164,17 +164,15 @@ class Membership:
 
     def finish(self) -> Membership:
         """The move is done: joining -> normal, leaving -> left."""
-        if not self.moving:
-            raise MembershipError("no move to finish")
-        step = {JOINING: NORMAL, LEAVING: LEFT}
-        return self._next([dataclasses.replace(m, state=step.get(m.state, m.state))
-                           for m in self.members], 0.0)
+        return self._end("finish", {JOINING: NORMAL, LEAVING: LEFT})
 
     def abort(self) -> Membership:
         """Undo the move: the joining member is dropped (left), the leaving one stays."""
+        return self._end("abort", {JOINING: LEFT, LEAVING: NORMAL})
+
+    def _end(self, what: str, step: dict[str, str]) -> Membership:
         if not self.moving:
-            raise MembershipError("no move to abort")
-        step = {JOINING: LEFT, LEAVING: NORMAL}
+            raise MembershipError(f"no move to {what}")
         return self._next([dataclasses.replace(m, state=step.get(m.state, m.state))
                            for m in self.members], 0.0)
 
