@@ -206,6 +206,28 @@ async def test_explain_names_the_origins_of_an_op_counted_twice(tmp_path: Path) 
     assert "n2@1" in text and "after 3 attempt(s) (duplicate)" in text and "c:2 on" not in text
 
 
+async def test_explain_counts_an_op_one_leader_applied_twice(tmp_path: Path) -> None:
+    """Two APPLY records of one op under one origin, with their own pairs: the leader applied
+    it twice (its dedup had forgotten it). Found in a chaos run with a 2 s window, where the
+    explanation said "counted more than once: 0"."""
+    from cluster.wal import DurableLog, LogRecord, RecordKind
+
+    apply, replica = int(RecordKind.APPLY), int(RecordKind.REPLICA)
+    log = DurableLog(tmp_path / "n1" / "log", fsync=False)
+    await log.start()
+    await log.append_nowait([LogRecord(apply, "c:1", "t", "k", 1, "n1@1", 111, 35, 8.6),
+                             LogRecord(apply, "c:1", "t", "k", 1, "n1@1", 112, 35, 10.7)])
+    await log.stop()
+    log = DurableLog(tmp_path / "n2" / "log", fsync=False)
+    await log.start()
+    await log.append_nowait([LogRecord(replica, "c:1", "t", "k", 1, "n1@1", 111, 35, 8.6)])
+    await log.stop()
+    assert trace(tmp_path)["c:1"].counted == 2
+    text = explain(tmp_path, [])
+    assert "counted more than once: 1" in text
+    assert "applied at 8.600 (p=111 n=35)" in text and "applied at 10.700 (p=112 n=35)" in text
+
+
 async def test_explain_reads_archived_segments_and_audits_final_values(tmp_path: Path) -> None:
     """--keep-log archives what a snapshot covers, and --explain still sees it: an op applied
     twice before the snapshot is named; a key whose final value the logs cannot account for

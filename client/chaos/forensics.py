@@ -49,8 +49,11 @@ class OpTrace:
 
     @property
     def counted(self) -> int:
-        """Applications that stand: origins that applied it, less withdrawals."""
-        return len(self.applied) - len(self.withdrawn)
+        """Applications that stand: per origin, each APPLY with its own pair (one leader that
+        applied the op twice, its dedup having forgotten it, logs two), at least one per
+        origin seen only in replicas' logs; less withdrawals."""
+        return sum(max(1, len({(p, n) for _node, kind, _ts, p, n in rows if kind == "APPLY"}))
+                   for rows in self.applied.values()) - len(self.withdrawn)
 
 
 def trace(data_dir: str | Path) -> dict[str, OpTrace]:
@@ -96,11 +99,12 @@ def explain(data_dir: str | Path, events: Sequence[dict[str, Any]] = ()) -> str:
                      f"times; history: {h.get('type', '?')} after {h.get('attempts', '?')} "
                      f"attempt(s){' (duplicate)' if h.get('duplicate') else ''}")
         for origin, rows in t.applied.items():
-            lead = [r for r in rows if r[1] == "APPLY"]
-            at = lead[0] if lead else rows[0]
             holders = ",".join(sorted({r[0] for r in rows}))
-            lines.append(f"  {origin:<8} applied at {at[2]:.3f} (p={at[3]} n={at[4]}), "
-                         f"logged by {holders}")
+            applies = sorted({(r[2], r[3], r[4]) for r in rows if r[1] == "APPLY"}) or [
+                (rows[0][2], rows[0][3], rows[0][4])]
+            for ts, p, n in applies:  # two with one origin: its leader applied it twice
+                lines.append(f"  {origin:<8} applied at {ts:.3f} (p={p} n={n}), "
+                             f"logged by {holders}")
         for node, origin, ts in t.withdrawn:
             lines.append(f"  withdrawn by {node} ({origin}) at {ts:.3f}")
     return "\n".join(lines)
