@@ -29,7 +29,7 @@ from cluster.edge.raw import RawServer
 from cluster.roles.antientropy import antientropy_loop
 from cluster.roles.failure import heartbeat_loop
 from cluster.roles.member import Node
-from cluster.roles.membership import catch_up, departed, gone, move_loop
+from cluster.roles.membership import depart, gone, move_loop
 from cluster.roles.settle import settle_loop
 from cluster.transport.peer import close_all
 
@@ -79,7 +79,7 @@ class NodeServer:
         (READY): the order that keeps a restarted node from answering out of date."""
         started = time.monotonic()
         cfg = self.config
-        if departed(self.node.membership, self.node.id):  # decommissioned, then started again
+        if self.node.departed.is_set():  # decommissioned, then started again
             raise gone(self.node.id, self.node.membership)
         try:
             replayed = await self.node.recover()
@@ -208,15 +208,8 @@ class NodeServer:
                 link.sweep(max_age=4 * self.config.quorum_timeout)
 
     async def _depart_when_left(self) -> None:
-        """Once the membership says this node left (a decommission finished): settle what it
-        still holds in doubt, hand off its hints, swap entries once more, and stop (exit 0)."""
-        node = self.node
-        await node.departed.wait()
-        log.info("this node left the cluster: handing off, then stopping")
-        try:
-            await asyncio.wait_for(catch_up(node), 4 * self.config.reconcile_timeout)
-        except Exception as exc:  # noqa: BLE001 - the others' anti-entropy holds every pair
-            log.warning("hand-off before leaving not finished: %r", exc)
+        """Once the node left the cluster and handed off (``membership.depart``): exit 0."""
+        await depart(self.node)
         self.request_stop()
 
     def request_stop(self) -> None:

@@ -219,14 +219,9 @@ async def converge(node: Node, peer: str, timeout: float) -> bool:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while loop.time() < deadline:
-        if peer not in _running.get(node, ()):
-            _running.setdefault(node, set()).add(peer)
-            try:
-                busy, _moved = await _sync_once(node, peer)
-            finally:
-                _running.get(node, set()).discard(peer)
-            if not busy:
-                return True
+        ran = await _exclusive(node, peer)
+        if ran is not None and not ran[0]:
+            return True
         await asyncio.sleep(0.1)  # an exchange between the two is under way: let it end
     return False
 
@@ -237,18 +232,20 @@ async def sync_with(node: Node, peer: str) -> int:
     is sent is the entries of the leaves that still differ: about what was missed, not the
     buckets it fell in. A difference that was only in flight is gone by the next look. Skipped
     (0) while another exchange between the two nodes runs."""
+    ran = await _exclusive(node, peer)
+    return 0 if ran is None else ran[1]
+
+
+async def _exclusive(node: Node, peer: str) -> tuple[bool, int] | None:
+    """``_sync_once`` unless this node is running an exchange with ``peer`` already (None)."""
     running = _running.setdefault(node, set())
     if peer in running:
-        return 0
+        return None
     running.add(peer)
     try:
-        return await _sync(node, peer)
+        return await _sync_once(node, peer)
     finally:
         running.discard(peer)
-
-
-async def _sync(node: Node, peer: str) -> int:
-    return (await _sync_once(node, peer))[1]
 
 
 async def _sync_once(node: Node, peer: str) -> tuple[bool, int]:

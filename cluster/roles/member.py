@@ -205,9 +205,6 @@ class Node:
         return (self.peer_versions.get(peer, version) < version
                 and self.monotonic() - self._installed_at > self.config.failure_timeout)
 
-    def write_set(self, table: str, key: str) -> tuple[str, ...]:
-        return self.ring.write_set(table, key)
-
     def move_hold(self) -> float:
         """How long a move lasts at least: the longest dedup window, the clock skew allowed,
         and two failure timeouts (a peer behind on the ring learns it within one)."""

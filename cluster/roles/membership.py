@@ -51,6 +51,7 @@ class Node(Protocol):
     state: Any
     hints: Any
     ready: bool
+    departed: asyncio.Event
 
     def install(self, ms: Membership) -> bool: ...
 
@@ -232,15 +233,21 @@ def _describe(req: dict[str, Any]) -> str:
 async def push(node: Node, ms: Membership, timeout: float | None = None) -> int:
     """Send ``ms`` to every other member still holding keys; how many installed it. Those not
     reached pull it at their next heartbeat with anyone who has it."""
-    wire = ms.to_wire()
-    futs = [link.call(Kind.RING, [{"op": "install", "ring": wire}])
-            for pid, link in list(node.links.items()) if pid != node.id]
+    return len(await _ask_all(node, {"op": "install", "ring": ms.to_wire()},
+                              timeout or 2 * node.config.quorum_timeout))
+
+
+async def _ask_all(node: Node, item: dict[str, Any], timeout: float,
+                   probe: bool = False) -> list[Any]:
+    """One RING ``item`` to every peer at once; the answers of those that answered within
+    ``timeout`` (the others are given up)."""
+    futs = [link.call(Kind.RING, [item], probe=probe) for link in list(node.links.values())]
     if not futs:
-        return 0
-    done, pending = await asyncio.wait(futs, timeout=timeout or 2 * node.config.quorum_timeout)
+        return []
+    done, pending = await asyncio.wait(futs, timeout=timeout)
     for f in pending:
         f.cancel()
-    return sum(1 for f in done if f.exception() is None)
+    return [f.result()[0] for f in done if f.exception() is None]
 
 
 async def pull(node: Node, peer: str) -> None:
@@ -261,21 +268,14 @@ async def last_incarnation(node: Node, timeout: float) -> int:
     answered one). A node starting on an empty disk asks, so that it never raises a pair of
     a past life again: its value is the peers' to keep, and a counter that restarted from 0
     under the same origin would lose every increment to their higher copy (max-merge)."""
-    futs = [link.call(Kind.RING, [{"op": "incarnation", "id": node.id}], probe=True)
-            for link in list(node.links.values())]
-    if not futs:
-        return 0
-    done, pending = await asyncio.wait(futs, timeout=timeout)
-    for f in pending:
-        f.cancel()
-    seen = [f.result()[0] for f in done if f.exception() is None]
+    seen = await _ask_all(node, {"op": "incarnation", "id": node.id}, timeout, probe=True)
     return max([s for s in seen if type(s) is int] or [0])
 
 
 async def catch_up(node: Node) -> bool:
-    """Before a move finishes: settle this node's in-doubt ops, hand off its hints, and swap
-    entries with every live member until nothing differs (the digests are grouped by the
-    write sets, so the ranges it gains or gives are included). True when it got there."""
+    """Before a move finishes: settle this node's in-doubt ops, hand off its hints, and run a
+    whole exchange of its own with every live member (the digests are grouped by the write
+    sets, so the ranges it gains or gives are included). True when every exchange ran."""
     await settle.settle_all(node)  # type: ignore[arg-type]
     for peer in list(node.links):
         await node.hints.deliver(node, peer)
@@ -283,12 +283,24 @@ async def catch_up(node: Node) -> bool:
     for peer in list(node.links):
         if node.membership.get(peer) is None or not node.is_live(peer):
             continue
-        try:  # until nothing differs: the finish makes this node's copies the ones read
+        try:  # the finish makes this node's copies the ones read
             ok = await antientropy.converge(node, peer, 20.0) and ok  # type: ignore[arg-type]
         except Exception as exc:  # noqa: BLE001 - the driver asks again
             log.info("move catch-up with %s failed: %r", peer, exc)
             ok = False
     return ok
+
+
+async def depart(node: Node) -> None:
+    """Once the membership says this node left (a decommission finished): settle what it
+    still holds in doubt, hand off its hints and swap entries once more; then its process
+    stops (``NodeServer``, the simulator's world)."""
+    await node.departed.wait()
+    log.info("this node left the cluster: handing off, then stopping")
+    try:
+        await asyncio.wait_for(catch_up(node), 4 * node.config.reconcile_timeout)
+    except Exception as exc:  # noqa: BLE001 - the others' anti-entropy holds every pair
+        log.warning("hand-off before leaving not finished: %r", exc)
 
 
 # -- the move driver (runs on every node; acts on the claimant) ---------------------------
@@ -312,14 +324,15 @@ async def move_loop(node: Node, changes: Changes, interval: float = 1.0) -> None
 
 async def finish_move(node: Node, changes: Changes, ms: Membership) -> None:
     """Have every member gaining keys (and the leaving one, if up) catch up, then finish."""
-    gaining = sorted(ms.placement().gainers() - {node.id})
+    gainers = ms.placement().gainers()
+    gaining = sorted(gainers - {node.id})
     leaving = [m for m in ms.ids("leaving") if node.is_live(m)]
     asks = {m: node.links[m].call(Kind.RING, [{"op": "sync", "version": ms.version}])
             for m in gaining + leaving if m in node.links}
     if len(asks) < len(gaining):
         raise MembershipError(f"no link to every member of the new sets: {gaining}")
     timeout = max(30.0, 10 * node.config.quorum_timeout)
-    own = await catch_up(node)
+    own = await catch_up(node) if node.id in gainers else True  # the driver's own share
     results = await asyncio.gather(*(asyncio.wait_for(f, timeout) for f in asks.values()),
                                    return_exceptions=True)
     failed = [m for m, r in zip(asks, results, strict=True)

@@ -15,7 +15,7 @@ from cluster.core.membership import Membership
 from cluster.roles.antientropy import antientropy_loop
 from cluster.roles.failure import heartbeat_loop
 from cluster.roles.member import Node
-from cluster.roles.membership import catch_up, move_loop
+from cluster.roles.membership import depart, move_loop
 from cluster.roles.settle import settle_loop
 from cluster.sim.disk import SimDisk, SimLog
 from cluster.sim.net import SimLink, SimNet
@@ -151,9 +151,7 @@ class World:
 
     async def _depart(self, host: Host, node: Node) -> None:
         """What ``NodeServer`` does once its node left: hand off, then stop for good."""
-        await node.departed.wait()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(catch_up(node), 4 * host.config.reconcile_timeout)
+        await depart(node)
         if host.node is node:
             asyncio.get_running_loop().call_soon(self.retire, host)
 
