@@ -6,10 +6,12 @@ new leaders (docs/membership.md)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import sys
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -23,6 +25,17 @@ pytestmark = pytest.mark.asyncio
 WINDOW = 2.0  # a move lasts window + max_clock_skew + 2 failure timeouts: ~5-6 s here
 ARGS = ["--window", str(WINDOW), "--antientropy-interval", "1"]
 KEYS = [f"k{i}" for i in range(40)]
+
+
+@contextlib.asynccontextmanager
+async def cluster_and_client(nodes: int, **kw: Any) -> AsyncIterator[tuple[LocalCluster, Client]]:
+    """``running_cluster`` and a ``Client`` closed after it."""
+    async with running_cluster(nodes, **kw) as cluster:
+        client = Client()
+        try:
+            yield cluster, client
+        finally:
+            await client.close()
 
 
 class Load:
@@ -116,181 +129,161 @@ async def check_counts(client: Client, cluster: LocalCluster, load: Load) -> Non
 
 
 async def test_join_then_decommission_under_load_counts_every_op_once() -> None:
-    async with running_cluster(3, extra_args=ARGS) as cluster:
-        client = Client()
-        try:
-            urls = [n.url for n in cluster.nodes.values()]
-            load = Load(client, urls[1:], "a")  # n1 will leave: the writers use n2, n3
-            load.start()
-            await asyncio.sleep(1.0)
-            before = Counter(load.acked)  # acked before the join: n4 must hold it when normal
-            n4 = cluster.add_node("n4", join=["n1"])
-            await n4.start()
-            view = await ring(client, n4.url)
-            assert view["version"] == 2 and view["move"]["joining"] == "n4"
-            assert {m["id"]: m["state"] for m in view["members"]}["n4"] == "joining"
-            every = [*urls, n4.url]
-            await wait_until(lambda: settled(client, every, 3), timeout=40,
-                             what="n4 normal everywhere")
-            finished = time.monotonic()
-            placement = membership(await ring(client, n4.url)).placement()
-            mine = [k for k in KEYS if "n4" in placement.preference_list("t", k)]
-            assert mine
-            for key in mine:  # n4's own copy, read the moment it became a replica
-                assert await client.value(n4.url, "t", key, "one") >= before[key], key
-            # retries of ops acked during the move, sent to the new member: duplicates
-            recent = [(op_id, key) for t, op_id, key in load.log if finished - t < WINDOW / 3]
-            assert recent
-            for op_id, key in recent[-20:]:
-                status, body = 503, None
-                while status == 503:  # the SDK's retry, same op id
-                    status, body = await client.add(n4.url, "t", key, op_id, 1, attempt=2)
-                assert status in (200, 410), body
-                assert status == 410 or body.get("duplicate") is True, (op_id, body)
-            status, metrics = await client.get(f"{n4.url}/metrics")
-            assert "idc_ring_version 3" in metrics.decode()
-            gained = [ln for ln in metrics.decode().splitlines() if ln.startswith("idc_counters")]
-            assert gained and float(gained[0].split()[-1]) > 0, gained
+    async with cluster_and_client(3, extra_args=ARGS) as (cluster, client):
+        urls = [n.url for n in cluster.nodes.values()]
+        load = Load(client, urls[1:], "a")  # n1 will leave: the writers use n2, n3
+        load.start()
+        await asyncio.sleep(1.0)
+        before = Counter(load.acked)  # acked before the join: n4 must hold it when normal
+        n4 = cluster.add_node("n4", join=["n1"])
+        await n4.start()
+        view = await ring(client, n4.url)
+        assert view["version"] == 2 and view["move"]["joining"] == "n4"
+        assert {m["id"]: m["state"] for m in view["members"]}["n4"] == "joining"
+        every = [*urls, n4.url]
+        await wait_until(lambda: settled(client, every, 3), timeout=40,
+                         what="n4 normal everywhere")
+        finished = time.monotonic()
+        placement = membership(await ring(client, n4.url)).placement()
+        mine = [k for k in KEYS if "n4" in placement.preference_list("t", k)]
+        assert mine
+        for key in mine:  # n4's own copy, read the moment it became a replica
+            assert await client.value(n4.url, "t", key, "one") >= before[key], key
+        # retries of ops acked during the move, sent to the new member: duplicates
+        recent = [(op_id, key) for t, op_id, key in load.log if finished - t < WINDOW / 3]
+        assert recent
+        for op_id, key in recent[-20:]:
+            status, body = 503, None
+            while status == 503:  # the SDK's retry, same op id
+                status, body = await client.add(n4.url, "t", key, op_id, 1, attempt=2)
+            assert status in (200, 410), body
+            assert status == 410 or body.get("duplicate") is True, (op_id, body)
+        status, metrics = await client.get(f"{n4.url}/metrics")
+        assert "idc_ring_version 3" in metrics.decode()
+        gained = [ln for ln in metrics.decode().splitlines() if ln.startswith("idc_counters")]
+        assert gained and float(gained[0].split()[-1]) > 0, gained
 
-            dec = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "cluster", "decommission", "n1", "--via",
-                cluster.nodes["n2"].address, "--secret-file", str(cluster.secret_file),
-                "--timeout", "60", stdout=asyncio.subprocess.PIPE)
-            out, _ = await asyncio.wait_for(dec.communicate(), 90)
-            assert dec.returncode == 0, out
-            assert b"n1: left on every member" in out
-            proc = cluster.nodes["n1"].proc
-            assert proc is not None
-            assert await asyncio.wait_for(proc.wait(), 30) == 0  # it exits by itself, 0
-            # a supervisor starting it again: it says it left and exits 0, serving nothing
-            with pytest.raises(StartError) as gone:
-                await cluster.nodes["n1"].start()
-            assert gone.value.code == 0
-            assert "n1 left the cluster" in cluster.nodes["n1"].log_path.read_text()
-            await asyncio.sleep(1.0)
-            await load.finish()
-            view = await ring(client, urls[1])
-            assert {m["id"]: m["state"] for m in view["members"]} == {
-                "n1": "left", "n2": "normal", "n3": "normal", "n4": "normal"}
-            await check_counts(client, cluster, load)
-        finally:
-            await client.close()
+        dec = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "cluster", "decommission", "n1", "--via",
+            cluster.nodes["n2"].address, "--secret-file", str(cluster.secret_file),
+            "--timeout", "60", stdout=asyncio.subprocess.PIPE)
+        out, _ = await asyncio.wait_for(dec.communicate(), 90)
+        assert dec.returncode == 0, out
+        assert b"n1: left on every member" in out
+        proc = cluster.nodes["n1"].proc
+        assert proc is not None
+        assert await asyncio.wait_for(proc.wait(), 30) == 0  # it exits by itself, 0
+        # a supervisor starting it again: it says it left and exits 0, serving nothing
+        with pytest.raises(StartError) as gone:
+            await cluster.nodes["n1"].start()
+        assert gone.value.code == 0
+        assert "n1 left the cluster" in cluster.nodes["n1"].log_path.read_text()
+        await asyncio.sleep(1.0)
+        await load.finish()
+        view = await ring(client, urls[1])
+        assert {m["id"]: m["state"] for m in view["members"]} == {
+            "n1": "left", "n2": "normal", "n3": "normal", "n4": "normal"}
+        await check_counts(client, cluster, load)
 
 
 async def test_replace_a_dead_member_under_load() -> None:
-    async with running_cluster(4, extra_args=ARGS) as cluster:
-        client = Client()
-        try:
-            urls = [n.url for n in cluster.nodes.values() if n.id != "n3"]
-            load = Load(client, urls, "r")
-            load.start()
-            await asyncio.sleep(1.0)
-            await cluster.nodes["n3"].kill()  # its disk is gone: a new node takes its ranges
-            n5 = cluster.add_node("n5", join=["n2", "n1"], replaces="n3")
-            await n5.start()
-            await wait_until(lambda: settled(client, [*urls, n5.url], 3), timeout=40,
-                             what="n5 normal, n3 left")
-            await load.finish()
-            view = await ring(client, n5.url)
-            states = {m["id"]: m["state"] for m in view["members"]}
-            assert states["n3"] == "left" and states["n5"] == "normal"
-            await check_counts(client, cluster, load)
-        finally:
-            await client.close()
+    async with cluster_and_client(4, extra_args=ARGS) as (cluster, client):
+        urls = [n.url for n in cluster.nodes.values() if n.id != "n3"]
+        load = Load(client, urls, "r")
+        load.start()
+        await asyncio.sleep(1.0)
+        await cluster.nodes["n3"].kill()  # its disk is gone: a new node takes its ranges
+        n5 = cluster.add_node("n5", join=["n2", "n1"], replaces="n3")
+        await n5.start()
+        await wait_until(lambda: settled(client, [*urls, n5.url], 3), timeout=40,
+                         what="n5 normal, n3 left")
+        await load.finish()
+        view = await ring(client, n5.url)
+        states = {m["id"]: m["state"] for m in view["members"]}
+        assert states["n3"] == "left" and states["n5"] == "normal"
+        await check_counts(client, cluster, load)
 
 
 async def test_kill_9_of_the_joining_node_mid_move_then_the_move_resumes() -> None:
-    async with running_cluster(3, extra_args=ARGS) as cluster:
-        client = Client()
-        try:
-            urls = [n.url for n in cluster.nodes.values()]
-            load = Load(client, urls, "k")
-            load.start()
-            n4 = cluster.add_node("n4", join=["n2"])
-            await n4.start()
-            await asyncio.sleep(1.0)
-            await n4.kill()
-            await asyncio.sleep(8.0)  # past the move's hold: it cannot finish without n4
-            view = await ring(client, urls[0])
-            assert view["version"] == 2 and view["move"]["joining"] == "n4"
-            assert {m["id"]: m["state"] for m in view["members"]}["n4"] == "down"
-            await n4.start()  # same data dir: it resumes as the joining member
-            await wait_until(lambda: settled(client, [*urls, n4.url], 3), timeout=40,
-                             what="the move finished after n4 came back")
-            await load.finish()
-            await check_counts(client, cluster, load)
-        finally:
-            await client.close()
+    async with cluster_and_client(3, extra_args=ARGS) as (cluster, client):
+        urls = [n.url for n in cluster.nodes.values()]
+        load = Load(client, urls, "k")
+        load.start()
+        n4 = cluster.add_node("n4", join=["n2"])
+        await n4.start()
+        await asyncio.sleep(1.0)
+        await n4.kill()
+        await asyncio.sleep(8.0)  # past the move's hold: it cannot finish without n4
+        view = await ring(client, urls[0])
+        assert view["version"] == 2 and view["move"]["joining"] == "n4"
+        assert {m["id"]: m["state"] for m in view["members"]}["n4"] == "down"
+        await n4.start()  # same data dir: it resumes as the joining member
+        await wait_until(lambda: settled(client, [*urls, n4.url], 3), timeout=40,
+                         what="the move finished after n4 came back")
+        await load.finish()
+        await check_counts(client, cluster, load)
 
 
 async def test_a_join_can_be_aborted_and_membership_needs_the_secret() -> None:
-    async with running_cluster(3, extra_args=ARGS) as cluster:
-        client = Client()
-        try:
-            n2 = cluster.nodes["n2"]
-            no_secret = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "cluster", "decommission", "n1", "--via", n2.address,
-                "--timeout", "5", stderr=asyncio.subprocess.PIPE)
-            _, err = await asyncio.wait_for(no_secret.communicate(), 30)
-            assert no_secret.returncode == 1 and b"error: decommission n1" in err, err
-            assert (await ring(client, n2.url))["version"] == 1  # nothing changed
-            from cluster import admin
+    async with cluster_and_client(3, extra_args=ARGS) as (cluster, client):
+        n2 = cluster.nodes["n2"]
+        no_secret = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "cluster", "decommission", "n1", "--via", n2.address,
+            "--timeout", "5", stderr=asyncio.subprocess.PIPE)
+        _, err = await asyncio.wait_for(no_secret.communicate(), 30)
+        assert no_secret.returncode == 1 and b"error: decommission n1" in err, err
+        assert (await ring(client, n2.url))["version"] == 1  # nothing changed
+        from cluster import admin
 
-            with pytest.raises(admin.AdminError, match="a move finishes by itself"):
-                await admin.ask([(n2.host, n2.port)], "admin-test", str(cluster.secret_file),
-                                {"op": "change", "change": "finish", "version": 1})
+        with pytest.raises(admin.AdminError, match="a move finishes by itself"):
+            await admin.ask([(n2.host, n2.port)], "admin-test", str(cluster.secret_file),
+                            {"op": "change", "change": "finish", "version": 1})
 
-            again = cluster.add_node("n2x", join=["n1"])
-            again.args[again.args.index("n2x")] = "n2"  # an id that is a member already
-            with pytest.raises(RuntimeError, match="already a member"):
-                await again.start()
+        again = cluster.add_node("n2x", join=["n1"])
+        again.args[again.args.index("n2x")] = "n2"  # an id that is a member already
+        with pytest.raises(RuntimeError, match="already a member"):
+            await again.start()
 
-            n4 = cluster.add_node("n4", join=["n1"])
-            await n4.start()
-            await n4.kill()  # its machine is gone for good: abort the join
-            dec = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "cluster", "decommission", "n4", "--via", n2.address,
-                "--secret-file", str(cluster.secret_file), "--timeout", "30",
-                stdout=asyncio.subprocess.PIPE)
-            out, _ = await asyncio.wait_for(dec.communicate(), 60)
-            assert dec.returncode == 0, out
-            view = await ring(client, n2.url)
-            assert view["move"] is None and view["version"] == 3
-            assert {m["id"]: m["state"] for m in view["members"]}["n4"] == "left"
-        finally:
-            await client.close()
+        n4 = cluster.add_node("n4", join=["n1"])
+        await n4.start()
+        await n4.kill()  # its machine is gone for good: abort the join
+        dec = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "cluster", "decommission", "n4", "--via", n2.address,
+            "--secret-file", str(cluster.secret_file), "--timeout", "30",
+            stdout=asyncio.subprocess.PIPE)
+        out, _ = await asyncio.wait_for(dec.communicate(), 60)
+        assert dec.returncode == 0, out
+        view = await ring(client, n2.url)
+        assert view["move"] is None and view["version"] == 3
+        assert {m["id"]: m["state"] for m in view["members"]}["n4"] == "left"
 
 
 async def test_kill_9_of_the_leaving_node_and_the_claimant_mid_move() -> None:
     """The leaving node and the claimant die mid-move: the move finishes once the members
     gaining keys are up (the next live member drives it), the decommission command returns 0,
     and the leaving node, restarted on its data dir, learns it left and exits 0."""
-    async with running_cluster(4, extra_args=ARGS) as cluster:
-        client = Client()
-        try:
-            n1, n2, n3, n4 = (cluster.nodes[f"n{i}"] for i in range(1, 5))
-            load = Load(client, [n2.url, n3.url], "l")
-            load.start()
-            dec = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "cluster", "decommission", "n4", "--via", n2.address,
-                "--secret-file", str(cluster.secret_file), "--timeout", "90",
-                stdout=asyncio.subprocess.PIPE)
-            await wait_until(lambda: _moving(client, n2.url), timeout=20, what="n4 leaving")
-            await n1.kill()
-            await n4.kill()
-            await asyncio.sleep(3.0)
-            await n1.start()
-            await wait_until(lambda: settled(client, [n1.url, n2.url, n3.url], 3), timeout=40,
-                             what="the move finished without the leaving node")
-            out, _ = await asyncio.wait_for(dec.communicate(), 60)
-            assert dec.returncode == 0, out
-            await n4.start()  # its saved ring says leaving: a heartbeat tells it it left
-            assert n4.proc is not None
-            assert await asyncio.wait_for(n4.proc.wait(), 30) == 0
-            await load.finish()
-            await check_counts(client, cluster, load)
-        finally:
-            await client.close()
+    async with cluster_and_client(4, extra_args=ARGS) as (cluster, client):
+        n1, n2, n3, n4 = (cluster.nodes[f"n{i}"] for i in range(1, 5))
+        load = Load(client, [n2.url, n3.url], "l")
+        load.start()
+        dec = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "cluster", "decommission", "n4", "--via", n2.address,
+            "--secret-file", str(cluster.secret_file), "--timeout", "90",
+            stdout=asyncio.subprocess.PIPE)
+        await wait_until(lambda: _moving(client, n2.url), timeout=20, what="n4 leaving")
+        await n1.kill()
+        await n4.kill()
+        await asyncio.sleep(3.0)
+        await n1.start()
+        await wait_until(lambda: settled(client, [n1.url, n2.url, n3.url], 3), timeout=40,
+                         what="the move finished without the leaving node")
+        out, _ = await asyncio.wait_for(dec.communicate(), 60)
+        assert dec.returncode == 0, out
+        await n4.start()  # its saved ring says leaving: a heartbeat tells it it left
+        assert n4.proc is not None
+        assert await asyncio.wait_for(n4.proc.wait(), 30) == 0
+        await load.finish()
+        await check_counts(client, cluster, load)
 
 
 async def _moving(client: Client, url: str) -> bool:
@@ -305,37 +298,33 @@ async def test_a_node_that_lost_its_disk_never_reuses_an_origin() -> None:
 
     from cluster.core.ring import Ring
 
-    async with running_cluster(3) as cluster:
-        client = Client()
-        try:
-            n3 = cluster.nodes["n3"]
-            ring3 = Ring(["n1", "n2", "n3"], rf=3)
-            keys = [k for k in (f"w{i}" for i in range(200)) if ring3.leader("t", k) == "n3"][:5]
-            expected: Counter[str] = Counter()
+    async with cluster_and_client(3) as (cluster, client):
+        n3 = cluster.nodes["n3"]
+        ring3 = Ring(["n1", "n2", "n3"], rf=3)
+        keys = [k for k in (f"w{i}" for i in range(200)) if ring3.leader("t", k) == "n3"][:5]
+        expected: Counter[str] = Counter()
 
-            async def write(prefix: str) -> None:
-                for i in range(30):
-                    key = keys[i % len(keys)]
-                    status, _ = await client.add(n3.url, "t", key, f"{prefix}:{i}", 1)
-                    assert status == 200
-                    expected[key] += 1
+        async def write(prefix: str) -> None:
+            for i in range(30):
+                key = keys[i % len(keys)]
+                status, _ = await client.add(n3.url, "t", key, f"{prefix}:{i}", 1)
+                assert status == 200
+                expected[key] += 1
 
-            await write("before")
-            assert (await client.get(f"{n3.url}/v1/health"))[1]["origin"] == "n3@1"
-            await n3.kill()
-            shutil.rmtree(n3.data_dir)
-            await n3.start()
-            assert (await client.get(f"{n3.url}/v1/health"))[1]["origin"] == "n3@2"
-            await write("after")  # led by n3 again, from 0 under its new origin
+        await write("before")
+        assert (await client.get(f"{n3.url}/v1/health"))[1]["origin"] == "n3@1"
+        await n3.kill()
+        shutil.rmtree(n3.data_dir)
+        await n3.start()
+        assert (await client.get(f"{n3.url}/v1/health"))[1]["origin"] == "n3@2"
+        await write("after")  # led by n3 again, from 0 under its new origin
 
-            async def exact() -> bool:
-                for k in keys:
-                    values = [await client.value(n.url, "t", k, "one")
-                              for n in cluster.nodes.values()]
-                    if values != [expected[k]] * 3:
-                        return False
-                return True
+        async def exact() -> bool:
+            for k in keys:
+                values = [await client.value(n.url, "t", k, "one")
+                          for n in cluster.nodes.values()]
+                if values != [expected[k]] * 3:
+                    return False
+            return True
 
-            await wait_until(exact, timeout=30, what="every replica exact")
-        finally:
-            await client.close()
+        await wait_until(exact, timeout=30, what="every replica exact")
