@@ -37,8 +37,17 @@ def test_a_join_is_two_versions_and_the_joiner_holds_keys_only_after_the_second(
     for k in gains:
         ws = during.write_set(*k)
         assert ws[:3] == during.preference_list(*k) and ws[3] == "n4"
-    done = started.finish()
-    assert (done.version, done.get("n4").state, done.moving) == (3, NORMAL, False)
+    serving = started.finish(now=120.0)  # the new sets serve; writes still reach both
+    assert (serving.version, serving.get("n4").state, serving.reads_new) == (3, JOINING, True)
+    middle = serving.placement()
+    assert "n4" in middle.members and serving.moving_since == 120.0
+    for k in gains:  # led and read by the new set, written to the old one as well
+        ws = middle.write_set(*k)
+        assert "n4" in middle.preference_list(*k)
+        assert set(ws) == set(during.write_set(*k)) and len(ws) == 4
+    done = serving.finish()
+    assert (done.version, done.get("n4").state, done.moving) == (4, NORMAL, False)
+    assert not done.reads_new
     after = done.placement()
     assert {k for k in KEYS if "n4" in after.preference_list(*k)} == set(gains)
     assert after.write_set(*KEYS[0]) == after.preference_list(*KEYS[0])
@@ -85,7 +94,7 @@ def test_leaving_a_joining_member_aborts_its_join() -> None:
 
 
 def test_an_id_that_left_comes_back_as_a_new_member() -> None:
-    ms = boot(4).leave("n4", now=0.0).finish()
+    ms = boot(4).leave("n4", now=0.0).finish().finish()
     back = ms.join("n4", "h", 9, now=5.0)
     assert back.get("n4").since == back.version > 1  # its origins are n4@<since>.<incarnation>
 
@@ -93,7 +102,7 @@ def test_an_id_that_left_comes_back_as_a_new_member() -> None:
 def test_replace_moves_the_old_members_keys_to_the_new_one() -> None:
     ms = boot(4).replace("n2", "n9", "h", 9, now=0.0)
     assert ms.get("n2").state == LEAVING and ms.get("n9").state == JOINING
-    done = ms.finish()
+    done = ms.finish().finish()
     assert done.get("n2").state == LEFT and done.ids(NORMAL) == ("n1", "n3", "n4", "n9")
     assert "n2" not in done.placement().members
 

@@ -159,7 +159,7 @@ async def test_join_then_decommission_under_load_counts_every_op_once() -> None:
             assert status in (200, 410), body
             assert status == 410 or body.get("duplicate") is True, (op_id, body)
         status, metrics = await client.get(f"{n4.url}/metrics")
-        assert "idc_ring_version 3" in metrics.decode()
+        assert "idc_ring_version 4" in metrics.decode()  # join, new sets serve, normal
         gained = [ln for ln in metrics.decode().splitlines() if ln.startswith("idc_counters")]
         assert gained and float(gained[0].split()[-1]) > 0, gained
 

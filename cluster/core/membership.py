@@ -1,18 +1,20 @@
 """Elastic membership, the pure part: the agreed member list (a numbered ``Membership``), the
 one-at-a-time changes on it, and the placement of keys while a change moves them.
 
-A change is two versions (docs/membership.md):
+A change is three versions (docs/membership.md):
 
 - **start** (join, leave, replace): the new member is ``joining``, the departing one ``leaving``.
   Leaders, reads and retry checks keep the *old* replica sets (normal + leaving members); writes
   also go to the members of the *new* sets (normal + joining), and an ack needs one more durable
   copy for each extra member (``Placement.write_set``). So every op acked during the move has W
   copies in its old set and W in its new one.
-- **finish**, at least one dedup window (plus the clock skew) later, once the members gaining
-  ranges caught up: joining -> normal, leaving -> left. The new sets take over. An op acked
-  before the move began is past its window by then (a retry of it is refused as expired, as it
-  would be without any change), and one acked during it is on W replicas of its new set: a
-  retry is recognised by the checks of whichever replica now leads its key.
+- **the new sets serve** (``reads_new``), at least one dedup window (plus the clock skew) later,
+  once the members gaining ranges caught up: the new sets lead, read and check; writes still
+  reach both. An op acked before the move began is past its window by then (a retry of it is
+  refused as expired, as it would be without any change), and one acked during it is on W
+  replicas of its new set: a retry is recognised by the checks of whichever replica leads it.
+- **finish**: joining -> normal, leaving -> left. Any two consecutive versions share W replicas
+  for whatever either acknowledges, so nodes one version apart never miss each other's writes.
 
 Each key's set changes by at most one member per change, so a move never has more than one
 extra member per key. Pure: no I/O, no clock (times are arguments).
@@ -55,7 +57,8 @@ class Membership:
     members: tuple[Member, ...]
     rf: int
     vnodes: int
-    moving_since: float = 0.0  # wall time the current move started; 0: no move
+    moving_since: float = 0.0  # wall time the current move (or its phase) started; 0: none
+    reads_new: bool = False  # a move's second phase: the new sets serve, writes still go to both
 
     @classmethod
     def bootstrap(cls, peers: Iterable[tuple[str, str, int]], *, rf: int,
@@ -107,8 +110,8 @@ class Membership:
     # -- changes (each returns the next version, or itself when already applied) -------------
 
     def _next(self, members: Iterable[Member], moving_since: float) -> Membership:
-        return dataclasses.replace(self, version=self.version + 1,
-                                   members=_sorted(members), moving_since=moving_since)
+        return dataclasses.replace(self, version=self.version + 1, members=_sorted(members),
+                                   moving_since=moving_since, reads_new=False)
 
     def _idle(self, what: str) -> None:
         if self.moving:
@@ -162,8 +165,13 @@ class Membership:
         return self._next(members + [Member(node_id, host, port, JOINING, self.version + 1)],
                           now)
 
-    def finish(self) -> Membership:
-        """The move is done: joining -> normal, leaving -> left."""
+    def finish(self, now: float = 0.0) -> Membership:
+        """The next step of the move: first the new sets serve (lead, read, answer checks)
+        while writes still reach both (``reads_new``); then joining -> normal, leaving ->
+        left. A node one version behind then always shares W replicas with the writers."""
+        if self.moving and not self.reads_new:
+            return dataclasses.replace(self, version=self.version + 1, moving_since=now,
+                                       reads_new=True)
         return self._end("finish", {JOINING: NORMAL, LEAVING: LEFT})
 
     def abort(self) -> Membership:
@@ -180,7 +188,7 @@ class Membership:
 
     def to_wire(self) -> dict[str, Any]:
         return {"version": self.version, "rf": self.rf, "vnodes": self.vnodes,
-                "moving_since": self.moving_since,
+                "moving_since": self.moving_since, "reads_new": self.reads_new,
                 "members": [[m.id, m.host, m.port, m.state, m.since] for m in self.members]}
 
     @classmethod
@@ -189,7 +197,7 @@ class Membership:
             members = _sorted(Member(str(i), str(h), int(p), str(s), int(v))
                               for i, h, p, s, v in data["members"])
             ms = cls(int(data["version"]), members, int(data["rf"]), int(data["vnodes"]),
-                     float(data.get("moving_since", 0.0)))
+                     float(data.get("moving_since", 0.0)), bool(data.get("reads_new", False)))
         except (KeyError, TypeError, ValueError) as exc:
             raise MembershipError(f"not a membership: {exc!r}") from exc
         if any(m.state not in STATES for m in ms.members) or not ms.reachable:
@@ -207,7 +215,7 @@ class Placement:
     gaining it. Every process with the same membership computes the same placement."""
 
     __slots__ = ("membership", "version", "old", "new", "moving", "members", "vnodes", "rf",
-                 "replicates_everywhere", "preference_list", "leader", "_unions")
+                 "replicates_everywhere", "preference_list", "leader", "_unions", "_other")
 
     def __init__(self, ms: Membership) -> None:
         self.membership = ms
@@ -216,22 +224,26 @@ class Placement:
         future = ms.ids(NORMAL, JOINING)
         self.moving = set(future) != set(self.old.members)
         self.new = Ring(future, vnodes=ms.vnodes, rf=ms.rf) if self.moving else self.old
-        self.members, self.vnodes, self.rf = self.old.members, ms.vnodes, self.old.rf
-        self.replicates_everywhere = self.old.replicates_everywhere and not self.moving
-        self.preference_list = self.old.preference_list
-        self.leader = self.old.leader
+        # the sets that lead, serve reads and answer checks; the other ones are written too
+        serving, self._other = ((self.new, self.old) if self.moving and ms.reads_new
+                                else (self.old, self.new))
+        self.members, self.vnodes, self.rf = serving.members, ms.vnodes, serving.rf
+        self.replicates_everywhere = serving.replicates_everywhere and not self.moving
+        self.preference_list = serving.preference_list
+        self.leader = serving.leader
         self._unions: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[str, ...]] = {}
 
     def write_set(self, table: str, key: str) -> tuple[str, ...]:
-        """The old set, then the members of the new set not in it (an ack needs W + one more
-        copy for each of those)."""
-        old = self.old.preference_list(table, key)
+        """The serving set, then the members of the other set not in it (an ack needs W + one
+        more copy for each of those: W in the old set and W in the new)."""
+        serving = self.preference_list(table, key)
         if not self.moving:
-            return old
-        new = self.new.preference_list(table, key)
-        union = self._unions.get((old, new))
+            return serving
+        other = self._other.preference_list(table, key)
+        union = self._unions.get((serving, other))
         if union is None:
-            union = self._unions[(old, new)] = old + tuple(m for m in new if m not in old)
+            union = self._unions[(serving, other)] = serving + tuple(
+                m for m in other if m not in serving)
         return union
 
     def gainers(self) -> set[str]:

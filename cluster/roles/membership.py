@@ -132,8 +132,9 @@ def view(node: Node) -> dict[str, Any]:
                 else "down", "since": m.since} for m in ms.members]
     move = None
     if ms.moving:
-        move = {**ms.moves(), "since": ms.moving_since,
-                "finishes_after": ms.moving_since + node.move_hold()}
+        hold = 2 * node.config.failure_timeout if ms.reads_new else node.move_hold()
+        move = {**ms.moves(), "since": ms.moving_since, "reads": "new" if ms.reads_new
+                else "old", "next_step_after": ms.moving_since + hold}
     return {"version": ms.version, "members": members, "rf": ms.rf, "vnodes": ms.vnodes,
             "claimant": ms.claimant(), "move": move}
 
@@ -217,7 +218,7 @@ def _apply(ms: Membership, req: dict[str, Any], now: float) -> Membership:
     if kind == "finish":
         if req.get("version") != ms.version:
             raise MembershipError(f"finish of version {req.get('version')}, now {ms.version}")
-        return ms.finish()
+        return ms.finish(now)
     if kind == "abort":
         return ms.abort()
     raise MembershipError(f"unknown change {kind!r}")
@@ -314,10 +315,16 @@ async def move_loop(node: Node, changes: Changes, interval: float = 1.0) -> None
         ms = node.membership
         if not ms.moving or _driver(ms, node) != node.id:
             continue
-        if node.clock() < ms.moving_since + node.move_hold():
+        # the second step waits until every node has had the first (pushed, or pulled at a
+        # heartbeat; a node still behind after a failure timeout is fenced)
+        hold = 2 * node.config.failure_timeout if ms.reads_new else node.move_hold()
+        if node.clock() < ms.moving_since + hold:
             continue
         try:
-            await finish_move(node, changes, ms)
+            if ms.reads_new:
+                await changes.apply({"change": "finish", "version": ms.version})
+            else:
+                await finish_move(node, changes, ms)
         except Exception as exc:  # noqa: BLE001 - next round
             log.info("move not finished yet: %r", exc)
 
