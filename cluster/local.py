@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -33,11 +34,37 @@ def _die_with_parent() -> None:
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """Ports the OS just handed out for port 0 (held together, so they are distinct)."""
-    socks = []
+def _ephemeral_low() -> int:
     try:
-        for _ in range(count):
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Distinct ports free right now, for nodes started a moment later.
+
+    They are drawn below the kernel's ephemeral range: a port the OS hands out for port 0
+    is handed out again to the next socket that binds port 0 (a proxy, a client), which
+    could take it before the node that was told to listen there starts (CI saw it: "n2 ...
+    cannot listen on 127.0.0.1:43535: Address already in use"). Each is test-bound, all
+    held together so they are distinct; port 0 is the fallback when that range is small.
+    """
+    low = _ephemeral_low()
+    rng = random.Random()
+    socks: list[socket.socket] = []
+    try:
+        tries = 0
+        while len(socks) < count and low > 11024 and tries < 50 * count:
+            tries += 1
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind((host, rng.randrange(10000, low - 1)))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+        while len(socks) < count:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.bind((host, 0))
             socks.append(s)
