@@ -616,3 +616,31 @@ async def test_a_forwarded_op_older_than_its_window_is_refused_at_its_leader(
         assert await n2.links["n1"].call(Kind.FORWARD, fresh) == [int(Status.APPLIED)]
         assert n1.state.shards.entry("t", key).value() == 5
         assert b"old:1" not in n1.state.dedup("t")
+
+
+async def test_a_copy_older_than_its_window_less_the_skew_is_never_applied(
+        tmp_path: Path) -> None:
+    """Chaos at a 2 s window (seed 23, all nemeses): a leader applied an op a second time 2.1 s
+    after the first, once its dedup had forgotten it. One copy had waited behind an
+    unpublished op on its key; its time limit was a lease keyed by op id, which a sibling copy
+    in the same batch took, and a first attempt led without a check had no limit at all. Now
+    every copy carries its own limit from its birth (window less ``max_clock_skew``): old
+    copies answer 503 unapplied, checked or not, one at a time or two in a batch."""
+    key = key_with(("n1", "n2", "n3"))
+    client = Client()
+    try:
+        async with cluster(tmp_path, window=2.0, max_clock_skew=1.0) as c:
+            n1 = c.servers["n1"].node
+            now = n1.clock()
+            old = now - 1.5  # inside the 2 s window, past the 1 s it can be trusted for
+            first, retry = ("t", key, "old:1", 5, 1), ("t", key, "old:1", 5, 2)
+            assert await n1.lead([first], [old]) == [int(Status.UNAVAILABLE)]
+            assert await n1.lead([first, first], [old, old]) == [int(Status.UNAVAILABLE)] * 2
+            assert await n1.lead([retry, first], [old, old]) == [  # the check says why
+                int(Status.EXPIRED), int(Status.UNAVAILABLE)]
+            assert b"old:1" not in n1.state.dedup("t")
+            assert await n1.lead([("t", key, "new:1", 2, 1)], [n1.clock()]) == [
+                int(Status.APPLIED)]
+            await converged(c, client, key, 2)
+    finally:
+        await client.close()

@@ -8,8 +8,9 @@ An op meets them at two points of the write path, because what each rule needs l
 - **At the leader, before the apply** (``Admission.before_apply``, no await until the apply):
   *the check* (a retry, or any op while this node was recently degraded, is first checked on
   the other replicas: ``needs_check``, ``cluster.roles.checks``), *claims* (an op claimed here for
-  another node's check answers 503), *leases* (an op whose check passed longer ago than its
-  lease answers 503: this node was paused in between), and *overflow* (an op that would take
+  another node's check answers 503), *time limits* (an op whose check passed longer ago than
+  its lease, or that is older than its window less the clock skew, answers 503: it waited, or
+  this node was paused, in between), and *overflow* (an op that would take
   this node's own pair past 2^64 - 1 answers ``counter_overflow``, unless it is a duplicate).
 
 The verdict per op is a status to answer with, or none: apply it.
@@ -18,6 +19,7 @@ The verdict per op is a status to answer with, or none: apply it.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -75,29 +77,45 @@ class Admission:
         self._release_claims = release_claims
         self.near_limit = False  # an own entry passed SAFE_ENTRY: check batches op by op
 
-    def before_apply(self, ops: Sequence[Op]) -> dict[int, int]:
-        """index -> the status of each op that must not be applied now; the others apply."""
-        refused = self._claimed(ops) if self.leases or self.claims else {}
+    def before_apply(self, ops: Sequence[Op], limits: Sequence[float] | None = None
+                     ) -> dict[int, int]:
+        """index -> the status of each op that must not be applied now; the others apply.
+        ``limits``: per op, the monotonic time after which it must not be applied."""
+        if limits is not None and limits and min(limits) < self.monotonic():
+            refused = self._claimed(ops, limits)
+        elif self.leases or self.claims:
+            refused = self._claimed(ops, None)
+        else:
+            refused = {}
         if self.near_limit or sum(abs(delta) for _t, _k, _id, delta, _a in ops) >= SAFE_ENTRY:
             refused.update(self._overflowing(ops, refused))
         return refused
 
-    def _claimed(self, ops: Sequence[Op]) -> dict[int, int]:
-        """Ops claimed here for another node's check, or whose own check's lease ran out:
-        index -> 503. An op let through by a check within its lease applies now."""
+    def _claimed(self, ops: Sequence[Op], limits: Sequence[float] | None) -> dict[int, int]:
+        """Ops past their time limit (their check passed too long ago: this node was paused
+        since; or older than their window allows), claimed here for another node's check:
+        index -> 503. An op let through by a check, within its limit, applies now.
+
+        Each copy of an op is judged by its own limit: a copy refused here does not make a
+        copy beside it, in the same batch or waiting for its key, exempt (seen in chaos at a
+        2 s window: one copy's lease was taken by the other, applied after the dedup forgot
+        the op's first application)."""
         refused: dict[int, int] = {}
         now = self.monotonic()
         leases, claims, me = self.leases, self.claims, self.id
         for i, (table, key, op_id, _delta, _attempt) in enumerate(ops):
-            deadline = leases.pop(op_id, None)
-            if deadline is not None:
-                if now > deadline:
-                    refused[i] = _UNAVAILABLE
-                    log.info("op %s passed its check %.3f s ago: stale, not applied", op_id,
-                             now - deadline)
+            checked = leases.pop(op_id, None) if leases else None
+            limit = math.inf if limits is None else limits[i]
+            if checked is not None and checked < limit:
+                limit = checked
+            if now > limit:
+                refused[i] = _UNAVAILABLE
+                log.info("op %s past its time limit by %.3f s: not applied", op_id, now - limit)
+                if checked is not None:  # the check's claims: given back
                     self._release_claims(table, key, op_id)
-                else:
-                    claims.applied(op_id)  # applied now: the dedup answers for it
+                continue
+            if checked is not None:
+                claims.applied(op_id)  # applied now: the dedup answers for it
                 continue
             if claims:
                 holder = claims.holder(op_id)

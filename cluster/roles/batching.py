@@ -20,33 +20,43 @@ class TickBatcher(Generic[T]):
 
     ``process`` gets the concatenated items and returns an awaitable of either a list aligned
     with them (each caller gets its slice) or one value (every caller gets it).
+
+    With ``side`` (a default value), each item also carries one side value, given per call to
+    ``submit(items, side_values)`` or the default, and ``process(items, side_values)`` gets
+    them aligned with the items (the leader's per-op time limits).
     """
 
-    def __init__(self, process: Callable[[list[T]], Awaitable[Any]]) -> None:
+    def __init__(self, process: Callable[..., Awaitable[Any]], *, side: Any = None) -> None:
         self._process = process
+        self._default = side
         self._items: list[T] = []
+        self._side: list[Any] = []
         self._waiters: list[tuple[int, int, asyncio.Future[Any]]] = []
         self._scheduled = False
         self.batches = 0
         self.items = 0
 
-    def submit(self, items: list[T]) -> asyncio.Future[Any]:
+    def submit(self, items: list[T], side_values: list[Any] | None = None) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         self._waiters.append((len(self._items), len(items), fut))
         self._items.extend(items)
+        if self._default is not None:
+            self._side.extend([self._default] * len(items) if side_values is None
+                              else side_values)
         if not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._flush)
         return fut
 
     def _flush(self) -> None:
-        items, waiters = self._items, self._waiters
-        self._items, self._waiters, self._scheduled = [], [], False
+        items, side, waiters = self._items, self._side, self._waiters
+        self._items, self._side, self._waiters, self._scheduled = [], [], [], False
         self.batches += 1
         self.items += len(items)
         try:
-            result = asyncio.ensure_future(self._process(items))
+            result = asyncio.ensure_future(self._process(items) if self._default is None
+                                           else self._process(items, side))
         except Exception as exc:  # the batch could not even start: every caller learns why
             _fail(waiters, exc)
             return

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -61,7 +62,8 @@ class Node(Host, Protocol):
 
     def clock(self) -> float: ...
 
-    def lead_plain(self, ops: Sequence[Op]) -> asyncio.Future[list[int]]: ...
+    def lead_plain(self, ops: Sequence[Op], limits: list[float] | None = None
+                   ) -> asyncio.Future[list[int]]: ...
 
     def learn(self, table: str, key: str, op_id: str, entry: CounterEntry
               ) -> asyncio.Future[None]: ...
@@ -298,18 +300,19 @@ async def lead_checked(node: Node, ops: list[Op], births: Sequence[float] | None
         else:
             plain.append(i)
     results = await asyncio.gather(*checks)
+    limits = (birth_limits(node, ops, births) if births is not None
+              else [math.inf] * len(ops))
     to_lead = list(plain)
     for i, (res, deadline) in zip(idx_checked, results, strict=True):
         if res is None:
             to_lead.append(i)
             _table, _key, op_id, _delta, _attempt = ops[i]
-            node.leases[op_id] = deadline  # the apply checks it (Node._refused)
+            node.leases[op_id] = deadline  # the apply checks it (Admission._claimed)
+            limits[i] = min(limits[i], deadline)
         else:
             statuses[i] = res
-    if births is not None and plain:
-        _bound_by_birth(node, ops, plain, births)
     if to_lead:
-        led = await node.lead_plain([ops[i] for i in to_lead])
+        led = await node.lead_plain([ops[i] for i in to_lead], [limits[i] for i in to_lead])
         for i, s in zip(to_lead, led, strict=True):
             statuses[i] = s
             if s == _APPLIED and i in idx_checked:
@@ -318,19 +321,22 @@ async def lead_checked(node: Node, ops: list[Op], births: Sequence[float] | None
     return statuses
 
 
-def _bound_by_birth(node: Node, ops: list[Op], idx: list[int], births: Sequence[float]) -> None:
-    """The ops at ``idx`` go unchecked (found in the dedup now, or not retries): each gets a
-    lease up to the end of its window all the same, since it may wait (behind an unpublished
-    op on its key) until after the dedup forgot it, and would then be applied as new."""
-    mono, leases = node.monotonic(), node.leases
-    for i in idx:
-        table, _key, op_id, _delta, _attempt = ops[i]
-        left = time_left(node, table, births[i])
-        if left is None:
-            continue
-        limit = mono + left
-        if op_id not in leases or leases[op_id] > limit:
-            leases[op_id] = limit
+def birth_limits(node: Node, ops: Sequence[Op], births: Sequence[float]) -> list[float]:
+    """For each op, the monotonic time after which its leader must not apply it: the end of
+    its window counted from its birth, less ``max_clock_skew`` (``time_left``); no limit for a
+    table that remembers nothing. Any earlier application of the op came after its birth, so
+    the replicas' dedup remembers it at least until then; a copy that waits longer (behind an
+    unpublished op on its key, behind a check, in a paused node) would be applied as new."""
+    offset = node.monotonic() - node.clock() - node.config.max_clock_skew
+    window_of = node.state.window
+    windows: dict[str, float] = {}
+    out: list[float] = []
+    for (table, _key, _op_id, _delta, _attempt), born in zip(ops, births, strict=True):
+        window = windows.get(table)
+        if window is None:
+            window = windows[table] = window_of(table)
+        out.append(born + window + offset if window > 0 else math.inf)
+    return out
 
 
 def time_left(node: Node, table: str, born: float) -> float | None:

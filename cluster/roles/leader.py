@@ -2,7 +2,7 @@
 
     Node.lead -> Leader.submit -> (one batch per loop turn) _lead_now
         -> ops on a key with an unpublished op here wait (_lead_later)
-        -> _lead_ready: admission (claims and leases, overflow)
+        -> _lead_ready: admission (time limits, claims, overflow)
         -> _lead_admitted -> _apply_batch (sync: dedup, raise own pair, hide it, log append)
         -> _replicate (one REPLICATE frame per replica group) -> quorum: own log + W-1 acks
         -> published: the ops become visible (release), a PUBLISHED record; or in doubt: 503,
@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any
@@ -78,7 +79,7 @@ class Leader:
         self.behind: set[str] = set()  # replicas that missed a write: anti-entropy them soon
         self.admission = Admission(config, state, claims, self.leases, metrics,
                                    release_claims=release_claims, monotonic=monotonic)
-        self.batcher: TickBatcher[Op] = TickBatcher(self._lead_now)
+        self.batcher: TickBatcher[Op] = TickBatcher(self._lead_now, side=math.inf)
         self.use_ring(ring)
 
     def use_ring(self, ring: Placement) -> None:
@@ -89,12 +90,17 @@ class Leader:
                                if ring.replicates_everywhere else None)
         self._moving = getattr(ring, "moving", False)  # a plain Ring never moves
 
-    def submit(self, ops: Sequence[Op]) -> asyncio.Future[list[int]]:
+    def submit(self, ops: Sequence[Op], limits: list[float] | None = None
+               ) -> asyncio.Future[list[int]]:
         """Lead ``ops`` (admitted by the caller's checks); merged with every other batch led in
-        this loop turn. Statuses in op order."""
-        return self.batcher.submit(list(ops))
+        this loop turn. Statuses in op order. ``limits``: for each op, the monotonic time after
+        which it must not be applied (its check's lease, or the end of its window counted from
+        its birth: ``checks.birth_limits``); none when not given. Each copy of an op carries its
+        own, so a copy that waited (``_lead_later``) is judged by its own age."""
+        return self.batcher.submit(list(ops), limits)
 
-    async def _lead_now(self, ops: list[Op], deadline: float | None = None) -> list[int]:
+    async def _lead_now(self, ops: list[Op], limits: list[float],
+                        deadline: float | None = None) -> list[int]:
         """Dedup, apply, log and replicate a batch this node leads; statuses in op order.
         Ops claimed for another node's check, and checked ops whose lease ran out (this node
         was paused after its check), answer 503 unapplied (``cluster.roles.checks``); ops that
@@ -109,19 +115,20 @@ class Leader:
             self.metrics.deferred += len(later) if deadline is None else 0
             waiting = set(later)
             ready = [i for i in range(len(ops)) if i not in waiting]
-            deferred = asyncio.ensure_future(self._lead_later([ops[i] for i in later], deadline))
+            deferred = asyncio.ensure_future(self._lead_later(
+                [ops[i] for i in later], [limits[i] for i in later], deadline))
             statuses = [_UNAVAILABLE] * len(ops)
             if ready:  # no await before the apply of the ready ones
-                for i, st in zip(ready, await self._lead_ready([ops[i] for i in ready]),
-                                 strict=True):
+                led = await self._lead_ready([ops[i] for i in ready], [limits[i] for i in ready])
+                for i, st in zip(ready, led, strict=True):
                     statuses[i] = st
             for i, st in zip(later, await deferred, strict=True):
                 statuses[i] = st
             return statuses
-        return await self._lead_ready(ops)
+        return await self._lead_ready(ops, limits)
 
-    async def _lead_ready(self, ops: list[Op]) -> list[int]:
-        refused = self.admission.before_apply(ops)
+    async def _lead_ready(self, ops: list[Op], limits: list[float]) -> list[int]:
+        refused = self.admission.before_apply(ops, limits)
         if not refused:
             return await self._lead_admitted(ops)
         statuses = [refused.get(i, _UNAVAILABLE) for i in range(len(ops))]
@@ -132,7 +139,8 @@ class Leader:
                 statuses[i] = st
         return statuses
 
-    async def _lead_later(self, ops: list[Op], deadline: float | None) -> list[int]:
+    async def _lead_later(self, ops: list[Op], limits: list[float], deadline: float | None
+                          ) -> list[int]:
         """Ops on keys with an unpublished op of this node: applied once it is published or
         settled, never beside it. Their pair would carry its delta (pairs are cumulative), so
         it would become visible with them before it is known to stand. Keys whose op stays in
@@ -163,7 +171,7 @@ class Leader:
                                                    for table, key, _id, _delta, _attempt in ops):
             self.metrics.unavailable += len(ops)
             return [_UNAVAILABLE] * len(ops)
-        return await self._lead_now(ops, deadline)
+        return await self._lead_now(ops, limits, deadline)
 
     def release(self, op_ids: Iterable[str]) -> None:
         """These unpublished ops are published or withdrawn: visible (or cancelled) now; ops

@@ -234,8 +234,9 @@ class Node:
     def targets_of(self, table: str, key: str) -> tuple[str, ...]:
         return self.leader.targets_of(table, key)
 
-    def lead_plain(self, ops: Sequence[Op]) -> asyncio.Future[list[int]]:
-        return self.leader.submit(ops)
+    def lead_plain(self, ops: Sequence[Op], limits: list[float] | None = None
+                   ) -> asyncio.Future[list[int]]:
+        return self.leader.submit(ops, limits)
 
     def release(self, op_ids: Iterable[str]) -> None:
         self.leader.release(op_ids)
@@ -434,7 +435,8 @@ class Node:
         suspected = self.state.suspected if self.state.pulled else None
         if any(needs_check(op, degraded, suspected) for op in ops):
             return asyncio.ensure_future(checks.lead_checked(self, list(ops), births))
-        return self.leader.submit(ops)
+        return self.leader.submit(
+            ops, None if births is None else checks.birth_limits(self, ops, births))
 
     def handle_peer(self, peer_id: str, kind: int, body: Any) -> Any:
         """Dispatch one inbound peer frame (the ``PeerProtocol`` handler)."""
