@@ -69,17 +69,31 @@ class Load:
         return {"table": table, "key": f"k{random.randrange(self.keys)}",
                 "op_id": f"{self.prefix}:{next(self.seq)}", "delta": 1}
 
-    async def run(self, concurrency: int, seconds: float, make: Any) -> dict[str, list[float]]:
-        """``make(conn)`` sends one request and returns (label, ops); latencies per label."""
+    async def run(self, concurrency: int, seconds: float, make: Any,
+                  rate: float | None = None) -> dict[str, list[float]]:
+        """``make(conn)`` sends one request and returns (label, ops); latencies per label.
+
+        ``rate``: requests a second in all, on a fixed schedule (request i is due at
+        ``start + i / rate``), each latency counted from when its request was due, so a slow
+        answer that delays the next requests counts against them too (no coordinated
+        omission). Without it, every worker sends its next request as soon as it has an answer.
+        """
         lat: dict[str, list[float]] = {}
         ops = [0]
-        deadline = time.perf_counter() + seconds
+        sched = [0.0, 0.0]  # the schedule's start and the deadline, set as the workers start
+        issued = itertools.count()
 
         async def worker(i: int) -> None:
             conn = await HttpConn.open(*self.addrs[i % len(self.addrs)])
             try:
-                while time.perf_counter() < deadline:
+                while time.perf_counter() < sched[1]:
                     t0 = time.perf_counter()
+                    if rate is not None:
+                        t0 = sched[0] + next(issued) / rate
+                        if t0 >= sched[1]:
+                            break
+                        if t0 > time.perf_counter():
+                            await asyncio.sleep(t0 - time.perf_counter())
                     label, n, ok = await make(conn)
                     lat.setdefault(label, []).append(time.perf_counter() - t0)
                     ops[0] += n
@@ -89,6 +103,7 @@ class Load:
 
         fsyncs0 = await self.fsyncs()
         start = time.perf_counter()
+        sched[:] = [start, start + seconds]
         cpu0, own0 = cpu_seconds(self.pids), time.process_time()
         await asyncio.gather(*(worker(i) for i in range(concurrency)))
         lat["_elapsed"] = [time.perf_counter() - start]
@@ -131,7 +146,7 @@ async def routed_batch_phase(load: Load, args: argparse.Namespace) -> dict[str, 
 
     async def make(conn: HttpConn) -> tuple[str, int, bool]:
         leader = conns.setdefault(id(conn), load.ids[len(conns) % len(load.ids)])
-        ops = []
+        ops: list[dict[str, Any]] = []
         while len(ops) < args.batch:
             op = load.op("fbf_t")
             if ring.leader("fbf_t", op["key"]) == leader:
@@ -158,9 +173,10 @@ async def single_phase(load: Load, args: argparse.Namespace, tables: list[str],
     return {t: summary(t, lat, label=t) for t in tables}
 
 
-async def routed_single_phase(load: Load, args: argparse.Namespace) -> dict[str, Any]:
+async def routed_single_phase(load: Load, args: argparse.Namespace,
+                              rate: float | None = None) -> dict[str, Any]:
     """One op per request, each sent to its key's leader (as the SDK does once it knows the
-    ring): no FORWARD hop between coordinator and leader."""
+    ring): no FORWARD hop between coordinator and leader. ``rate``: paced (``Load.run``)."""
     ring = Ring(load.ids, rf=3)
     conns: dict[int, str] = {}
 
@@ -173,7 +189,7 @@ async def routed_single_phase(load: Load, args: argparse.Namespace) -> dict[str,
         status, _ = await conn.request("POST", f"/v1/counters/fbf_t/{op['key']}", body)
         return "fbf_t", 1, status == 200
 
-    lat = await load.run(args.concurrency, args.seconds, make)
+    lat = await load.run(args.concurrency, args.seconds, make, rate)
     sec = summary("fbf_t", lat)
     sec["ops_per_s"] = round(sec["requests"] / args.seconds)
     return sec
