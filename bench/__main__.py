@@ -9,7 +9,8 @@ import importlib
 import sys
 
 BENCHMARKS = ("bench.bench_fbf", "bench.bench_dleft", "bench.bench_hotpath", "bench.bench_wire",
-              "bench.bench_wal", "bench.bench_cluster", "bench.bench_scale", "bench.bench_redis")
+              "bench.bench_wal", "bench.bench_cluster", "bench.bench_scale", "bench.bench_redis",
+              "bench.bench_floor")
 
 
 def main(argv: list[str]) -> int:

@@ -166,6 +166,8 @@ class RawHttp(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        # once per connection: get_running_loop() costs a getpid() syscall on Python 3.11
+        self.loop = asyncio.get_running_loop()
         self.server.conns.add(self)
 
     def data_received(self, data: bytes) -> None:
@@ -272,7 +274,7 @@ class RawHttp(asyncio.Protocol):
         self._pending = length
         if len(buf) >= length:
             self._body = self._take()
-        asyncio.get_running_loop().create_task(self._serve(req))
+        self.loop.create_task(self._serve(req))
 
     def _parse(self, head: bytes) -> tuple[Request | None, int]:
         """The head's request and its body length; (None, 0) when it is aiohttp's."""
@@ -387,7 +389,7 @@ class RawHttp(asyncio.Protocol):
         if close:
             self.close()
             return
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         self._last = loop.time()
         if self._idle_timer is None:
             self._idle_timer = loop.call_later(self.server.idle_timeout, self._idle)

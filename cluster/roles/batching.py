@@ -31,13 +31,16 @@ class TickBatcher(Generic[T]):
         self._default = side
         self._items: list[T] = []
         self._side: list[Any] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._waiters: list[tuple[int, int, asyncio.Future[Any]]] = []
         self._scheduled = False
         self.batches = 0
         self.items = 0
 
     def submit(self, items: list[T], side_values: list[Any] | None = None) -> asyncio.Future[Any]:
-        loop = asyncio.get_running_loop()
+        loop = self._loop  # kept: get_running_loop() costs a getpid() syscall on Python 3.11
+        if loop is None or loop.is_closed():
+            loop = self._loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         self._waiters.append((len(self._items), len(items), fut))
         self._items.extend(items)
@@ -56,7 +59,7 @@ class TickBatcher(Generic[T]):
         self.items += len(items)
         try:
             result = asyncio.ensure_future(self._process(items) if self._default is None
-                                           else self._process(items, side))
+                                           else self._process(items, side), loop=self._loop)
         except Exception as exc:  # the batch could not even start: every caller learns why
             _fail(waiters, exc)
             return

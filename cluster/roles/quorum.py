@@ -38,7 +38,8 @@ def quorum_future(futures: Sequence[asyncio.Future[Any]], need: int,
     """Resolves True once ``need`` of ``futures`` succeed (a result other than False), False
     when that became impossible or ``timeout`` passed. Callbacks, not ``asyncio.wait``: no task
     per wait on the hot path."""
-    loop = asyncio.get_running_loop()
+    # the futures' loop: get_running_loop() costs a getpid() syscall on Python 3.11
+    loop = futures[0].get_loop() if futures else asyncio.get_running_loop()
     done: asyncio.Future[bool] = loop.create_future()
     if need <= 0:
         done.set_result(True)

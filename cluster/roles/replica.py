@@ -66,8 +66,9 @@ class Replica:
     def on_replicate(self, items: list[ItemFields]) -> asyncio.Future[Any]:
         """Merged with the other REPLICATE frames of this loop turn; resolves once durable:
         None, or False when some of the frame's ops were refused (``_fenced``)."""
-        done = asyncio.get_running_loop().create_future()
-        self.batcher.submit(items).add_done_callback(functools.partial(_frame_reply, done))
+        merged = self.batcher.submit(items)
+        done = merged.get_loop().create_future()
+        merged.add_done_callback(functools.partial(_frame_reply, done))
         return done
 
     def _replicate_now(self, items: list[ItemFields]) -> asyncio.Future[Any]:
@@ -88,7 +89,7 @@ class Replica:
                 *record_fields(REPLICA, *zip(*items, strict=True)))
         if flags is None:
             return durable
-        out: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        out: asyncio.Future[Any] = durable.get_loop().create_future()
         durable.add_done_callback(functools.partial(_with_flags, out, flags))
         return out
 
