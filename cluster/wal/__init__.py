@@ -7,12 +7,14 @@ One job, split by layer (protocol apart from the API, as asyncpg keeps ``protoco
     segments.py  file names, the directory listing and the public segment reader
     files.py     snapshot files and recovery at start (torn tail vs corruption)
     stats.py     the writer's counters
-    writer.py    ``DurableLog``, the group-commit writer (the loop's side, and its writer thread)
+    writer.py    ``DurableLog``, the group-commit log: its API and the loop's side
+    committer.py the writer side: the thread that writes and fsyncs what the loop queued
     active.py    the active segment file: its writes, fsyncs and rotations (the thread's side)
     errors.py    the error tree
 
-Imports go one way: errors, frames <- records <- segments <- files <- writer. On-disk format,
-recovery rules and the error tree are documented in the modules that own them.
+Imports go one way: errors, frames <- records <- segments <- files <- active <- committer <-
+writer. On-disk format, recovery rules and the error tree are documented in the modules that
+own them.
 """
 
 from cluster.wal.errors import LogClosedError, LogCorruptError, LogError, LogWriteError

@@ -1,7 +1,7 @@
 """The active segment: the one file the log appends to, and its writes, fsyncs and rotations.
 
 Synchronous I/O only, run by the log's writer thread (or on the loop when there is none,
-``cluster.wal.writer``). Every use of the fd holds ``lock``, so ``close`` (a crash-like abort
+``cluster.wal.committer``). Every use of the fd holds ``lock``, so ``close`` (a crash-like abort
 on the loop) never closes the fd under a running fsync, and a reused fd number can never
 receive our bytes.
 """

@@ -1,35 +1,32 @@
-"""The group-commit writer: ``DurableLog`` appends records durably, rotates and snapshots.
+"""The group-commit log: ``DurableLog`` appends records durably, rotates and snapshots.
 
 An op is acknowledged only after its record is on disk, so ``append`` returns only after an
-fsync that covers it. Many concurrent appends share one ``write`` and one fsync (group commit):
-one writer thread per log takes everything queued since its last commit, writes and fsyncs it,
-and hands the outcome back to the event loop with one ``call_soon_threadsafe``, so the loop
-keeps serving while the disk works. (It replaced a writer task that crossed to a worker thread
-with ``run_in_executor`` for every commit: an executor future, a wrapped asyncio future and a
-task wakeup per fsync, the largest part of one op's CPU in ``bench/bench_hotpath.py``.) With
-``fsync=False`` or ``fsync_in_loop`` there is no thread: what one loop turn queued is written at
-the end of that turn. Encoding lives in ``cluster.wal.records``, segment names
-and reading in ``cluster.wal.segments``, snapshot files and the recovery ``start`` runs in
-``cluster.wal.files``.
+fsync that covers it; many concurrent appends share one ``write`` and one fsync (group commit).
+This module is the loop's side: the API, the queue of what is not yet answered (``_unacked``),
+lazy appends, snapshots, and the callbacks through which the writer answers (``_committed``,
+``_rotated``, ``_fail``, ``_stopped``). The writer side, the thread that writes and fsyncs
+what was queued (or, without one, the write at the end of the loop turn), is
+``cluster.wal.committer``; the segment file it appends to, ``cluster.wal.active``. Encoding
+lives in ``cluster.wal.records``, segment names and reading in ``cluster.wal.segments``,
+snapshot files and the recovery ``start`` runs in ``cluster.wal.files``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import queue
-import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Protocol
 
 import msgpack
 
 from cluster.core.errors import ConfigError
 from cluster.wal.active import ActiveSegment
+from cluster.wal.committer import _STOP, Committer, _call, _Entry, _Rotation
 from cluster.wal.errors import LogClosedError, LogError, LogWriteError
 from cluster.wal.files import (
     _delete_covered,
@@ -47,18 +44,7 @@ __all__ = ["DurableLog"]
 log = logging.getLogger("cluster.wal")  # the name the single-module log used; filters keep it
 
 
-class _Rotation:
-    """Queue marker: records before it go to the current segment, records after it to the next."""
-
-    __slots__ = ("future",)
-
-    def __init__(self, future: asyncio.Future[int]) -> None:
-        self.future = future
-
-
-_Entry = tuple[bytes, int, "asyncio.Future[None]"]  # encoded frames, record count, ack
 LAZY_DELAY = 0.05  # seconds an ``append_lazily`` record waits at most for another commit
-_STOP = _Rotation.__new__(_Rotation)  # queue marker: the writer thread ends after what is before
 
 
 class SnapshotCut(Protocol):
@@ -102,16 +88,20 @@ class DurableLog:
         self._fsync = fsync
         self._fsync_in_loop = fsync_in_loop
         self._archive = archive  # covered segments go to <dir>/archive/ instead of away
-        self._max_batch = max_batch_records
-        self._segment_bytes = segment_bytes
         self._pack = msgpack.Packer().pack
         # Loop side: everything queued and not yet answered, in queue order (the writer
-        # answers in that order). Writer side: the same items, handed over through ``_q``
-        # (the thread) or ``_turn`` (written at the end of the loop turn, no thread).
+        # answers in that order). Writer side (``_committer``): the same items, handed over
+        # through ``_q`` (the thread) or ``_turn`` (written at the end of the loop turn, no
+        # thread).
         self._unacked: deque[_Entry | _Rotation] = deque()
         self._q: queue.SimpleQueue[_Entry | _Rotation] = queue.SimpleQueue()
         self._turn: list[_Entry | _Rotation] = []
         self._threaded = fsync and not fsync_in_loop
+        self._committer = Committer(
+            self._q, max_batch_records=max_batch_records, segment_bytes=segment_bytes,
+            threaded=self._threaded, committed=self._committed, rotated=self._rotated,
+            fail=self._fail, stopped=self._stopped,
+        )
         # ``append_lazily``: records that wait for the next commit (or LAZY_DELAY)
         self._lazy: list[_Entry] = []
         self._lazy_timer: asyncio.TimerHandle | None = None
@@ -120,10 +110,8 @@ class DurableLog:
         self._failure: LogWriteError | None = None
         self._recovered: _Recovered | None = None
         self._snapshot: tuple[int, Path] | None = None
-        self._segment: ActiveSegment | None = None  # the file appended to (writer side)
-        self._thread: threading.Thread | None = None
+        self._segment: ActiveSegment | None = None  # the file appended to (by the committer)
         self._done: asyncio.Future[None] | None = None  # the writer has stopped
-        self._aborted = False
         self._snapshot_lock: asyncio.Lock | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stats = _MutableStats()
@@ -145,11 +133,7 @@ class DurableLog:
         self._snapshot_lock = asyncio.Lock()
         self._done = loop.create_future()
         self._running = True
-        if self._threaded:
-            self._thread = threading.Thread(
-                target=self._thread_main, name=f"wal-writer:{self._dir.name}", daemon=True
-            )
-            self._thread.start()
+        self._committer.start(self._segment, loop, f"wal-writer:{self._dir.name}")
 
     async def stop(self) -> None:
         """Write and fsync everything appended so far, finish a running snapshot, close."""
@@ -176,7 +160,7 @@ class DurableLog:
         """
         if not self._running:
             return
-        self._aborted = True
+        self._committer.aborted = True
         closed = LogClosedError("log aborted before the records were durable")
         for item in self._unacked:
             fut = item.future if isinstance(item, _Rotation) else item[2]
@@ -191,7 +175,7 @@ class DurableLog:
             self._lazy_timer = None
         self._unacked.clear()
         self._turn.clear()
-        if self._thread is not None:
+        if self._committer.thread is not None:
             self._q.put(_STOP)
         self._close()
 
@@ -402,9 +386,10 @@ class DurableLog:
             except OSError as exc:  # the segments are intact: appends go on, retry later
                 raise LogError(f"snapshot {seq} in {self._dir}: {exc}") from exc
 
-    # The writer: the thread (``_thread_main``), or the end of the loop turn (``_write_turn``),
-    # runs ``_write_items`` over what was queued, in order; the loop learns the outcome through
-    # ``_committed``, ``_rotated``, ``_fail`` and ``_stopped``, called on the loop.
+    # The writer (``cluster.wal.committer``): its thread, or the end of the loop turn
+    # (``_write_turn``), runs ``Committer.write_items`` over what was queued, in order; the loop
+    # learns the outcome through ``_committed``, ``_rotated``, ``_fail`` and ``_stopped``,
+    # called on the loop.
 
     def _enqueue(self, item: _Entry | _Rotation) -> None:
         if self._lazy:  # they were appended first, and ride with this commit
@@ -424,78 +409,12 @@ class DurableLog:
 
     def _write_turn(self) -> None:
         items, self._turn = self._turn, []
-        if self._running and not self._aborted:
-            self._write_items(items, _call)
-
-    def _thread_main(self) -> None:
-        assert self._loop is not None
-        loop, q = self._loop, self._q
-
-        def post(fn: Callable[..., None], *args: Any) -> None:
-            # a closed loop raises RuntimeError: nobody is waiting any more
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(fn, *args)
-
-        try:
-            while True:
-                items = [q.get()]
-                while True:
-                    try:
-                        items.append(q.get_nowait())
-                    except queue.Empty:
-                        break
-                if self._aborted or not self._write_items(items, post):
-                    return
-        finally:
-            post(self._stopped)
-
-    def _write_items(self, items: Iterable[_Entry | _Rotation],
-                     post: Callable[..., None]) -> bool:
-        """Write ``items`` in order (entries in batches of at most ``max_batch_records``,
-        each one write and one fsync); False once the writer must end (stopped or failed)."""
-        chunk: list[bytes] = []
-        count = 0
-        try:
-            for item in items:
-                if isinstance(item, tuple):
-                    if chunk and count + item[1] > self._max_batch:
-                        self._commit_io(chunk, count, post)
-                        chunk, count = [], 0
-                    chunk.append(item[0])
-                    count += item[1]
-                    continue
-                if chunk:
-                    self._commit_io(chunk, count, post)
-                    chunk, count = [], 0
-                if item is _STOP:
-                    if not self._threaded:
-                        post(self._stopped)
-                    return False
-                assert self._segment is not None
-                self._segment.rotate()
-                post(self._rotated, self._segment.seq)
-            if chunk:
-                self._commit_io(chunk, count, post)
-        except Exception as exc:  # noqa: BLE001 - poisons the log: every waiter hears it
-            if not self._aborted:
-                post(self._fail, exc)
-            if not self._threaded:
-                post(self._stopped)
-            return False
-        return True
-
-    def _commit_io(self, chunk: list[bytes], count: int, post: Callable[..., None]) -> None:
-        data = b"".join(chunk)
-        segment = self._segment
-        assert segment is not None
-        seconds = segment.write(data)
-        post(self._committed, len(chunk), count, len(data), seconds)
-        if segment.size >= self._segment_bytes:
-            segment.rotate()
+        if self._running and not self._committer.aborted:
+            self._committer.write_items(items, _call)
 
     def _committed(self, entries: int, count: int, nbytes: int, seconds: float) -> None:
         """On the loop: the next ``entries`` queued appends are durable."""
-        if self._aborted or self._failure is not None:
+        if self._committer.aborted or self._failure is not None:
             return
         self._stats.add_batch(count, nbytes, seconds if self._fsync else None)
         unacked = self._unacked
@@ -506,7 +425,7 @@ class DurableLog:
 
     def _rotated(self, seq: int) -> None:
         """On the loop: the next queued item, a snapshot's rotation, is done."""
-        if self._aborted or self._failure is not None:
+        if self._committer.aborted or self._failure is not None:
             return
         rotation = self._unacked.popleft()
         assert isinstance(rotation, _Rotation)
@@ -534,11 +453,6 @@ class DurableLog:
             if not fut.done():
                 fut.set_exception(failure)
         self._unacked.clear()
-
-
-def _call(fn: Callable[..., None], *args: Any) -> None:
-    """``post`` for the writer that runs on the loop: call at once."""
-    fn(*args)
 
 
 def _consume(fut: asyncio.Future[None]) -> None:
