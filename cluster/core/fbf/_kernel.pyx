@@ -162,6 +162,25 @@ cdef class Kernel:
             _or3(self._base, self._width, pos[i])
         return True
 
+    def shift(self):
+        """A refresh in place, one pass over the words: every filter ages by one, the oldest
+        drops, an empty future begins (``layout.shift``, which numpy does in two)."""
+        cdef uint64_t i, n = self.m, live = self._live
+        cdef char *base = self._base
+        with nogil:
+            if self._width == 1:
+                for i in range(n):
+                    (<uint8_t *>base)[i] = <uint8_t>(((<uint8_t *>base)[i] << 1) & live)
+            elif self._width == 2:
+                for i in range(n):
+                    (<uint16_t *>base)[i] = <uint16_t>(((<uint16_t *>base)[i] << 1) & live)
+            elif self._width == 4:
+                for i in range(n):
+                    (<uint32_t *>base)[i] = <uint32_t>(((<uint32_t *>base)[i] << 1) & live)
+            else:
+                for i in range(n):
+                    (<uint64_t *>base)[i] = ((<uint64_t *>base)[i] << 1) & live
+
     def probe(self, item):
         """The AND of the item's k words: bit j set when the item is in filter j."""
         cdef uint64_t h1, h2

@@ -252,7 +252,7 @@ class ForgetfulBloomFilter(Estimates):
             nf = self._target_filters(at)
             if nf > self._nf:
                 self._resize(nf)
-        layout.shift(self._words, self._nf)
+        self._hot.shift()  # one C pass with the kernel, two numpy passes without
         self._gens = [0.0, *self._gens[:-1]]
         self._starts = [at, *self._starts[:-1]]
         if elastic and nf < self._nf:

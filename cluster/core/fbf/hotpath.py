@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from cluster.core.fbf import layout
 from cluster.core.hashing import (
     MASK64,
     SEED,
@@ -40,6 +41,8 @@ class HotPath(Protocol):
     """One filter's hot operations over its words, for its k and filter count."""
 
     def add(self, item: bytes) -> bool: ...
+
+    def shift(self) -> None: ...
 
     def probe(self, item: bytes) -> int: ...
 
@@ -65,6 +68,10 @@ class NumpyPath:
         self._pairmask = ((1 << (nfilters - 1)) - 1) & ~1  # pair (j, j+1) for j in 1..N
         self._krange = range(k)
         self._pos = [0] * k  # scratch for add(), so the hot path allocates nothing
+
+    def shift(self) -> None:
+        """A refresh in place (``layout.shift``)."""
+        layout.shift(self._words, self._oldest + 1)
 
     def _pair(self, item: bytes) -> tuple[int, int]:
         if self._fast_hash:
