@@ -185,7 +185,7 @@ def _leader(config: Any) -> Any:
     from cluster.core.metrics import NodeMetrics
     from cluster.core.ring import Ring
     from cluster.roles.antientropy import Hints
-    from cluster.roles.checks import Claims
+    from cluster.roles.claims import Claims
     from cluster.roles.leader import Leader
     from cluster.roles.state import NodeState
 
@@ -200,7 +200,7 @@ def _leader(config: Any) -> Any:
 def bench_roles(sizes: list[int], seconds: float) -> dict[str, dict[int, float]]:
     from cluster.core.metrics import NodeMetrics
     from cluster.edge.validate import check_batch
-    from cluster.roles.checks import Claims
+    from cluster.roles.claims import Claims
     from cluster.roles.coordinator import unstamped
     from cluster.roles.replica import Replica
     from cluster.roles.state import NodeState

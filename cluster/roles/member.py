@@ -29,6 +29,7 @@ from cluster.core.shards import CounterEntry
 from cluster.roles import antientropy, checks, membership, settle
 from cluster.roles.admission import needs_check, stale_after_ms
 from cluster.roles.antientropy import Hints
+from cluster.roles.claims import Claims
 from cluster.roles.coordinator import Coordinator, unstamped
 from cluster.roles.failure import FailureDetector
 from cluster.roles.leader import Leader
@@ -109,7 +110,7 @@ class Node:
         self.ready = False  # set once in-doubt ops are settled and dedup state pulled
         self.checked = checks.Checked(config.window, clock)
         # Ops claimed here for a node checking them (or by this node's own check)
-        self.claims = checks.Claims(monotonic)
+        self.claims = Claims(monotonic)
         self.hints = Hints(config.max_hints)
         self._degraded_until = 0.0  # a restart sets it (recover), so does a peer gone silent
         self._silent: set[str] = set()
@@ -364,7 +365,7 @@ class Node:
         self.metrics.replayed = count
         if count or blob is not None:  # a restart: others may have led our keys meanwhile
             self._degraded_until = self.monotonic() + self.config.window
-        if incarnation > 1:  # the claims given before the crash are gone (checks.Claims)
+        if incarnation > 1:  # the claims given before the crash are gone (claims.Claims)
             life = max([self.config.window, *(d.window for d in self.state.dedups.values())])
             self.claims.forget(life, self.clock() + self.config.max_clock_skew)
         return count
