@@ -21,8 +21,8 @@ from client.chaos.topology import connect_via_args, directed_links
 from client.checker import check
 
 # Issue 4 closed: a SIGSTOPped leader resuming while the replica that took over checked the
-# same ops (two checks passing at once, now excluded by claims, cluster/checks.py) and links
-# left without a connection at start (cluster/failure.py) made pause and kill over-count.
+# same ops (two checks passing at once, now excluded by claims, cluster/roles/claims.py) and links
+# left without a connection at start (cluster/roles/failure.py) made pause and kill over-count.
 SURVIVED = ("lost-ack", "drop", "duplicate", "delay", "reset", "down", "pause")
 # A seed whose fast-partition run is INVALID on the code before issue 18: 220 reads above the
 # attempted sum right after heals (the run below, with the code of commit 3c0b635).
