@@ -30,6 +30,7 @@ class NodePool:
         self.ring: Ring | None = None
         self._ring_spec: tuple[tuple[str, ...], int, int] | None = None
         self._url_of: dict[str, str] = {}  # node id -> the first URL that answered as it
+        self._ring_version = -1  # the newest membership version an answer carried
         self._next = 0
 
     def add(self, url: str) -> bool:
@@ -95,15 +96,30 @@ class NodePool:
             self.members = tuple(str(m) for m in members)
             self._learn_ring(health)
         new: list[str] = []
-        if discover:
-            # Nodes may advertise client addresses as {"addresses": {id: "host:port"}}; the
-            # member ids alone cannot be dialled.
-            addresses = health.get("addresses")
-            if isinstance(addresses, Mapping):
-                for addr in addresses.values():
-                    if isinstance(addr, str) and self.add(addr):
-                        new.append(normalize_url(addr))
+        self._forget_departed(health.get("ring_version"), health.get("left"))
+        addresses = health.get("addresses")
+        if discover and isinstance(addresses, Mapping):
+            # Nodes advertise client addresses as {"addresses": {id: "host:port"}} (every member
+            # that has not left); the member ids alone cannot be dialled.
+            for addr in addresses.values():
+                if isinstance(addr, str) and self.add(addr):
+                    new.append(normalize_url(addr))
         return new
+
+    def _forget_departed(self, version: Any, left: Any) -> None:
+        """Stop using the addresses of members that left the cluster (``left``: id -> the
+        address it had), as an answer of the newest membership version seen says: a departed
+        node's machine may be gone, and trying it would cost a connect timeout a turn. Only
+        those exact addresses go (a load balancer's URL in front of them stays), never the last
+        URL; a member that joins again is advertised, and discovered, again."""
+        if not isinstance(version, int) or isinstance(version, bool) or \
+                version < self._ring_version:
+            return  # a node behind the membership: its list may be stale
+        self._ring_version = version
+        if isinstance(left, Mapping):
+            for addr in left.values():
+                if isinstance(addr, str):
+                    self.remove(addr)
 
     def _learn_ring(self, health: Mapping[str, Any]) -> None:
         ring, rf = health.get("ring"), health.get("rf")

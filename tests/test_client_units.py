@@ -121,3 +121,23 @@ def test_the_pool_forgets_a_node_that_left() -> None:
     assert pool.window(9.0) == 5.0 and "http://b:1" not in pool.failed_at
     assert all(pool.leader_url("t", f"k{i}") in (None, "http://a:1") for i in range(20))
     assert pool.add("c:1") and pool.urls == ["http://a:1", "http://c:1"]
+
+
+def test_the_pool_forgets_a_member_that_left_but_never_a_url_it_was_given() -> None:
+    """After a decommission the SDK stops trying the departed node (its machine may be gone: a
+    connect timeout a turn), as soon as an answer of the newest membership version says it
+    left. A node behind the membership is not believed, a URL in front of the node (a load
+    balancer) stays, and a member that joins again comes back."""
+    pool = NodePool(["lb:80", "c:3", "a:1"])
+    pool.learn("http://lb:80", {"node": "n3", "ring_version": 3}, discover=True)
+    members = {"n1": "a:1", "n2": "b:2", "n3": "c:3"}
+    assert pool.learn("http://a:1", {"node": "n1", "ring_version": 3, "addresses": members,
+                                     "left": {}}, discover=True) == ["http://b:2"]
+    gone = {"addresses": {"n1": "a:1", "n2": "b:2"}, "left": {"n3": "c:3"}}
+    pool.learn("http://b:2", {"node": "n2", "ring_version": 2, **gone},
+               discover=True)  # behind the newest version seen: not believed
+    assert "http://c:3" in pool.urls
+    pool.learn("http://b:2", {"node": "n2", "ring_version": 6, **gone}, discover=True)
+    assert pool.urls == ["http://lb:80", "http://a:1", "http://b:2"]
+    assert pool.learn("http://a:1", {"node": "n1", "ring_version": 8, "addresses": members,
+                                     "left": {}}, discover=True) == ["http://c:3"]

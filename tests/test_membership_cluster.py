@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from client import CounterClient
 from cluster.core.membership import Membership
 from cluster.local import LocalCluster, StartError
 from tests.cluster_util import Client, running_cluster, wait_until
@@ -184,6 +185,11 @@ async def test_join_then_decommission_under_load_counts_every_op_once() -> None:
         assert {m["id"]: m["state"] for m in view["members"]} == {
             "n1": "left", "n2": "normal", "n3": "normal", "n4": "normal"}
         await check_counts(client, cluster, load)
+        # an SDK told of the old members learns the new one and forgets the one that left
+        async with CounterClient(urls) as sdk:
+            await sdk.refresh()
+            assert n4.url in sdk.pool.urls and urls[0] not in sdk.pool.urls, sdk.pool.urls
+            assert (await sdk.add("t", "after-the-moves", 1)).applied
 
 
 async def test_replace_a_dead_member_under_load() -> None:

@@ -207,7 +207,12 @@ def _schemas(max_batch_ops: int, max_op_id_bytes: int) -> dict[str, Any]:
                 "dedup": {"type": "object"},
                 "tables": {"type": "object"},
                 "peers": {"type": "object", "additionalProperties": {"type": "boolean"}},
-                "addresses": {"type": "object", "additionalProperties": {"type": "string"}},
+                "addresses": {"type": "object", "additionalProperties": {"type": "string"},
+                              "description": "Each member that has not left: its address."},
+                "left": {"type": "object", "additionalProperties": {"type": "string"},
+                         "description": "Each member that left the cluster: the address it "
+                                        "had. Clients stop using these."},
+                "ring_version": {"type": "integer", "minimum": 0},
                 "ring": {"type": "object"},
                 "counters": {"type": "integer", "minimum": 0},
                 "live": {"type": "object", "additionalProperties": {"type": "boolean"}},

@@ -407,6 +407,7 @@ class Node:
                        for t, d in state.dedups.items()},
             "peers": {pid: link.connected for pid, link in self.links.items()},
             "addresses": {m.id: m.addr for m in self.membership.members if m.state != LEFT},
+            "left": {m.id: m.addr for m in self.membership.members if m.state == LEFT},
             "ring_version": self.membership.version,
             "ring": {"vnodes": self.ring.vnodes, "hash": RING_HASH,
                      "key": "<table>/<key>"},
