@@ -40,6 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the cluster secret (needed when the cluster has one)")
     dec.add_argument("--timeout", type=float, default=600.0,
                      help="give up (exit 1) after this many seconds (default 600)")
+    dec.add_argument("--tls-ca", default=None, metavar="FILE",
+                     help="the cluster's port speaks TLS (nodes run with --tls-cert): check its "
+                          "certificates against this CA bundle")
+    dec.add_argument("--tls", action="store_true",
+                     help="the cluster's port speaks TLS, certificates not checked (the "
+                          "cluster secret still authenticates every frame)")
     return ap
 
 
@@ -101,8 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             via = admin.parse_seeds(args.via)
+            ctx = admin.admin_ssl(args.tls, args.tls_ca)
             return asyncio.run(admin.decommission(args.id, via, args.secret_file,
-                                                  args.timeout))
+                                                  args.timeout, ssl_context=ctx))
         except (admin.AdminError, ConfigError, OSError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1

@@ -1,11 +1,14 @@
 """Membership from outside a running node: join a cluster (``--join``, ``--replace``) and
 ``python -m cluster decommission``. Both speak RING frames as a peer (signed with the cluster
-secret, so a client without it cannot change membership; ``cluster.roles.membership``)."""
+secret, so a client without it cannot change membership; ``cluster.roles.membership``), over
+TLS when the cluster's port speaks it (a joining node dials as its peers do, ``peer_ssl``;
+the command takes ``--tls-ca`` or ``--tls``)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import sys
 import time
 from collections.abc import Sequence
@@ -17,7 +20,7 @@ from cluster.core.errors import ConfigError
 from cluster.core.membership import LEFT, Membership, MembershipError
 from cluster.roles.membership import gone, load_ring
 from cluster.transport.auth import PeerAuth, load_secret
-from cluster.transport.peer import PeerLink
+from cluster.transport.peer import PeerLink, peer_ssl
 from cluster.transport.wire import Kind
 
 
@@ -29,14 +32,31 @@ def parse_seeds(text: str) -> list[tuple[str, int]]:
     return [parse_hostport(s.strip(), name="join") for s in text.split(",") if s.strip()]
 
 
+def admin_ssl(tls: bool, ca_file: str | None) -> ssl.SSLContext | None:
+    """How the command dials a cluster whose port speaks TLS: checked against ``ca_file`` when
+    given (no host name check: members are addressed by IP, as peers dial each other), else
+    encrypted only (the signed frames are what authenticate); None for plain TCP."""
+    if ca_file is not None:
+        ctx = ssl.create_default_context(cafile=ca_file)
+        ctx.check_hostname = False
+        return ctx
+    if not tls:
+        return None
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
 async def ask_change(seeds: Sequence[tuple[str, int]], own_id: str, secret_file: str | None,
-                     item: dict[str, Any], tries: int = 5) -> Any:
+                     item: dict[str, Any], tries: int = 5,
+                     ssl_context: ssl.SSLContext | None = None) -> Any:
     """``ask`` a change, again on failure: a change is idempotent (the same join, leave or
     replace asked twice changes nothing the second time), and the first answer can be lost
     with the change made (the claimant died after pushing it)."""
     for attempt in range(tries):
         try:
-            return await ask(seeds, own_id, secret_file, item)
+            return await ask(seeds, own_id, secret_file, item, ssl_context=ssl_context)
         except AdminError as exc:
             if attempt == tries - 1 or "MembershipError" in str(exc) or "ConfigError" in str(exc):
                 raise  # refused (not a member, a move under way, ...): asking again won't help
@@ -45,17 +65,19 @@ async def ask_change(seeds: Sequence[tuple[str, int]], own_id: str, secret_file:
 
 
 async def ask(seeds: Sequence[tuple[str, int]], own_id: str, secret_file: str | None,
-              item: dict[str, Any], timeout: float = 30.0) -> Any:
+              item: dict[str, Any], timeout: float = 30.0,
+              ssl_context: ssl.SSLContext | None = None) -> Any:
     """Send one RING item to the first seed that answers; its answer. Each seed is asked as
     the peer it is (``to`` in the signed HELLO names it): its id comes from its /v1/health.
-    Plain TCP only: a cluster on TLS (``--tls-cert``) is not reached by these tools yet."""
+    ``ssl_context``: the cluster's port speaks TLS (``--tls-cert``)."""
     secret = load_secret(secret_file) if secret_file else None
     auth = PeerAuth(own_id, secret)
     errors = []
     for host, port in seeds:
-        link = PeerLink(own_id, "?", host, port, auth=auth, connect_timeout=2.0)
+        link = PeerLink(own_id, "?", host, port, auth=auth, connect_timeout=2.0,
+                        ssl_context=ssl_context)
         try:
-            link.peer_id = await _peer_id(host, port, timeout)
+            link.peer_id = await _peer_id(host, port, timeout, ssl_context)
             return (await asyncio.wait_for(link.call(Kind.RING, [item]), timeout))[0]
         except Exception as exc:  # noqa: BLE001 - try the next seed, report them all
             errors.append(f"{host}:{port}: {exc}")
@@ -64,13 +86,16 @@ async def ask(seeds: Sequence[tuple[str, int]], own_id: str, secret_file: str | 
     raise AdminError("; ".join(errors) or "no seed given")
 
 
-async def _peer_id(host: str, port: int, timeout: float) -> str:
-    """The id of the node at host:port (its /v1/health over HTTP: a HELLO must name it)."""
+async def _peer_id(host: str, port: int, timeout: float,
+                   ssl_context: ssl.SSLContext | None = None) -> str:
+    """The id of the node at host:port (its /v1/health over HTTP(S): a HELLO must name it)."""
     import aiohttp
 
+    scheme = "https" if ssl_context is not None else "http"
     try:
         async with (aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s,
-                    s.get(f"http://{host}:{port}/v1/health") as resp):
+                    s.get(f"{scheme}://{host}:{port}/v1/health",
+                          ssl=ssl_context if ssl_context is not None else True) as resp):
             health = await resp.json()
     except Exception as exc:  # noqa: BLE001 - said in one line
         raise AdminError(f"no node answers at {host}:{port}: {exc!r}") from exc
@@ -96,7 +121,8 @@ async def join(config: NodeConfig, seeds: Sequence[tuple[str, int]], advertise: 
     if replaces:
         item["replaces"] = replaces
     try:
-        got = await ask_change(seeds, config.node_id, config.secret_file, item)
+        got = await ask_change(seeds, config.node_id, config.secret_file, item,
+                               ssl_context=peer_ssl(config))
     except AdminError as exc:
         raise ConfigError(f"join: {exc}") from exc
     return Membership.from_wire(got)
@@ -116,13 +142,15 @@ def configured(config: NodeConfig, ms: Membership) -> NodeConfig:
 # -- python -m cluster decommission ---------------------------------------------------------
 
 async def decommission(node_id: str, via: Sequence[tuple[str, int]], secret_file: str | None,
-                       timeout: float, out: Any = sys.stdout) -> int:
+                       timeout: float, out: Any = sys.stdout,
+                       ssl_context: ssl.SSLContext | None = None) -> int:
     """Start moving every range away from ``node_id`` and wait until every remaining member
     lists it as left (the node then exits 0 by itself)."""
     me = f"admin-{os.getpid()}"
     try:
         got = Membership.from_wire(await ask_change(
-            via, me, secret_file, {"op": "change", "change": "leave", "id": node_id}))
+            via, me, secret_file, {"op": "change", "change": "leave", "id": node_id},
+            ssl_context=ssl_context))
     except (AdminError, MembershipError) as exc:
         raise AdminError(f"decommission {node_id}: {exc}") from exc
     m = got.get(node_id)
@@ -131,7 +159,7 @@ async def decommission(node_id: str, via: Sequence[tuple[str, int]], secret_file
           f"members, then it exits", file=out, flush=True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        views = await _views(got, node_id, me, secret_file)
+        views = await _views(got, node_id, me, secret_file, ssl_context)
         pending = [pid for pid, ms in views.items()
                    if ms is None or (x := ms.get(node_id)) is None or x.state != LEFT]
         if views and not pending:
@@ -148,8 +176,8 @@ async def decommission(node_id: str, via: Sequence[tuple[str, int]], secret_file
     raise AdminError(f"decommission {node_id}: not left everywhere after {timeout:g} s")
 
 
-async def _views(ms: Membership, node_id: str, me: str, secret_file: str | None
-                 ) -> dict[str, Membership | None]:
+async def _views(ms: Membership, node_id: str, me: str, secret_file: str | None,
+                 ssl_context: ssl.SSLContext | None) -> dict[str, Membership | None]:
     """Each remaining member's membership (None: it did not answer)."""
     out: dict[str, Membership | None] = {}
     for m in ms.members:
@@ -157,7 +185,8 @@ async def _views(ms: Membership, node_id: str, me: str, secret_file: str | None
             continue
         try:
             out[m.id] = Membership.from_wire(
-                await ask([(m.host, m.port)], me, secret_file, {"op": "get"}, timeout=5.0))
+                await ask([(m.host, m.port)], me, secret_file, {"op": "get"}, timeout=5.0,
+                          ssl_context=ssl_context))
         except (AdminError, MembershipError):
             out[m.id] = None
     return out

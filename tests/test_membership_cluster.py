@@ -12,6 +12,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -334,3 +335,56 @@ async def test_a_node_that_lost_its_disk_never_reuses_an_origin() -> None:
             return True
 
         await wait_until(exact, timeout=30, what="every replica exact")
+
+
+async def test_a_tls_cluster_is_joined_and_drained_over_tls(tmp_path: Path) -> None:
+    """Nodes whose port speaks TLS: a node joins with the same TLS flags (it dials the seeds
+    as its peers do), and ``python -m cluster decommission --tls-ca`` drains it. Without TLS
+    the command cannot reach the cluster, says so, and changes nothing."""
+    import ssl
+
+    import aiohttp
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    paths = {"ca": tmp_path / "ca.pem", "cert": tmp_path / "cert.pem",
+             "key": tmp_path / "key.pem"}
+    ca.cert_pem.write_to_path(str(paths["ca"]))
+    cert.cert_chain_pems[0].write_to_path(str(paths["cert"]))
+    cert.private_key_pem.write_to_path(str(paths["key"]))
+    tls = ["--tls-cert", str(paths["cert"]), "--tls-key", str(paths["key"]),
+           "--tls-ca", str(paths["ca"])]
+    ctx = ssl.create_default_context(cafile=str(paths["ca"]))
+    async with (running_cluster(3, extra_args=[*ARGS, *tls]) as cluster,
+                aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s):
+        n4 = cluster.add_node("n4", join=["n1"])
+        await n4.start()  # READY: admitted by the claimant, over TLS
+
+        async def states() -> dict[str, str]:
+            async with s.get(f"https://{cluster.nodes['n2'].address}/v1/ring") as r:
+                view = await r.json()
+            return {m["id"]: m["state"] for m in view["members"]} if view["move"] is None \
+                else {}
+
+        async def joined() -> bool:
+            return (await states()).get("n4") == "normal"
+
+        await wait_until(joined, timeout=40, what="n4 normal")
+
+        def decommission(node: str, *flags: str) -> Any:
+            return asyncio.create_subprocess_exec(
+                sys.executable, "-m", "cluster", "decommission", node, "--via",
+                cluster.nodes["n2"].address, "--secret-file", str(cluster.secret_file),
+                "--timeout", "60", *flags, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE)
+
+        plain = await decommission("n3")
+        _out, err = await asyncio.wait_for(plain.communicate(), 60)
+        assert plain.returncode == 1 and b"error: decommission n3" in err, err
+        assert (await states())["n3"] == "normal"
+        dec = await decommission("n4", "--tls-ca", str(paths["ca"]))
+        out, err = await asyncio.wait_for(dec.communicate(), 90)
+        assert dec.returncode == 0, out + err
+        assert b"n4: left on every member" in out
+        assert n4.proc is not None and await asyncio.wait_for(n4.proc.wait(), 30) == 0
