@@ -1,7 +1,7 @@
 """Cluster benchmark: 3 real node processes, RF=3, W=2, fsync on; bounded in time.
 
     python -m bench.bench_cluster [--seconds 8] [--concurrency 24] [--batch 100] [--no-memory]
-                                  [--no-secret]
+                                  [--no-secret] [--syscalls]
 
 Measures, in one run against one cluster:
   1. /v1/batch throughput (``--batch`` ops a request): ops/s, request p50/p99;
@@ -13,6 +13,7 @@ Measures, in one run against one cluster:
      RSS of fresh processes holding 1M counters (built by writes, and loaded from a snapshot as
      a restarted node holds them) / a window of 1M op ids (``--no-memory`` skips).
 The load generator runs in this process on the same machine and competes for the same cores.
+``--syscalls`` adds each load phase's syscalls per op (strace over the nodes' threads).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import itertools
 import json
 import os
 import random
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -64,6 +67,7 @@ class Load:
         self.seq = itertools.count()
         self.prefix = prefix
         self.errors = 0
+        self.syscalls = False  # --syscalls: an strace census in the middle of each phase
 
     def op(self, table: str) -> dict[str, Any]:
         return {"table": table, "key": f"k{random.randrange(self.keys)}",
@@ -105,7 +109,10 @@ class Load:
         start = time.perf_counter()
         sched[:] = [start, start + seconds]
         cpu0, own0 = cpu_seconds(self.pids), time.process_time()
+        census = asyncio.ensure_future(self.census(seconds)) if self.syscalls else None
         await asyncio.gather(*(worker(i) for i in range(concurrency)))
+        if census is not None:
+            lat["_syscalls"] = [await census]  # type: ignore[list-item]
         lat["_elapsed"] = [time.perf_counter() - start]
         lat["_ops"] = [float(ops[0])]
         lat["_node_cpu"] = [cpu_seconds(self.pids) - cpu0]
@@ -115,6 +122,10 @@ class Load:
 
     async def fsyncs(self) -> int:
         """Group-commit fsyncs so far, summed over the nodes (from /metrics)."""
+        return await self.metric("idc_log_fsyncs_total")
+
+    async def metric(self, name: str) -> int:
+        """A counter of /metrics, summed over the nodes."""
         total = 0
         for addr in self.addrs:
             conn = await HttpConn.open(*addr)
@@ -123,9 +134,48 @@ class Load:
             finally:
                 await conn.close()
             for line in body.decode().splitlines():
-                if line.startswith("idc_log_fsyncs_total "):
+                if line.startswith(name + " "):
                     total += int(float(line.split()[1]))
         return total
+
+    async def census(self, seconds: float) -> dict[str, float]:
+        """Syscalls per op (ops: applied by a leader) of the three nodes, all threads, traced
+        by ``strace -f -c`` in the middle third of a phase of ``seconds``. Tracing slows the
+        nodes several times over, which changes how ops batch (fewer per commit, more GIL
+        handoffs): compare runs of one shape with each other, not with untraced numbers.
+        Empty when strace is missing."""
+        strace = shutil.which("strace")
+        if strace is None:
+            return {}
+        await asyncio.sleep(seconds / 3)
+        with tempfile.NamedTemporaryFile(suffix=".strace") as out:
+            argv = [strace, "-f", "-c", "-o", out.name]
+            for pid in self.pids:
+                argv += ["-p", str(pid)]
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            assert proc.stderr is not None
+            attached = 0  # "Process N attached", one a thread: count from when all are
+            while attached < len(self.pids):
+                said = await asyncio.wait_for(proc.stderr.readline(), seconds)
+                if not said:
+                    break
+                attached += b"attached" in said
+            await asyncio.sleep(0.2)  # the processes' other threads
+            applied0 = await self.metric("idc_applied_total")
+            await asyncio.sleep(seconds / 3)
+            ops = max(await self.metric("idc_applied_total") - applied0, 1)
+            proc.send_signal(signal.SIGINT)
+            await proc.communicate()
+            counts: dict[str, float] = {}
+            for line in Path(out.name).read_text().splitlines():
+                f = line.split()
+                if len(f) >= 5 and f[3].isdigit() and f[-1] != "total":
+                    counts[f[-1]] = int(f[3])
+        total = sum(counts.values())
+        top = sorted(counts.items(), key=lambda kv: -kv[1])[:6]
+        return {"per_op": round(total / ops, 1),
+                **{name: round(n / ops, 2) for name, n in top}}
 
 
 async def batch_phase(load: Load, args: argparse.Namespace) -> dict[str, Any]:
@@ -199,7 +249,8 @@ def summary(name: str, lat: dict[str, list[float]], label: str | None = None) ->
     values = lat.get(label or name, [])
     elapsed = lat["_elapsed"][0]
     ops = max(lat["_ops"][0], 1.0)
-    return {
+    extra = {"syscalls": lat["_syscalls"][0]} if "_syscalls" in lat else {}
+    return {**extra,
         "requests": len(values),
         "node_cpu_us_per_op": round(lat["_node_cpu"][0] / ops * 1e6, 1),
         "client_cpu_us_per_op": round(lat["_client_cpu"][0] / ops * 1e6, 1),
@@ -299,6 +350,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     async with LocalCluster(3, rf=3, extra_args=extra, secret=args.secret) as cluster:
         load = Load(cluster, args.keys, f"bench{os.getpid()}")
         await single_phase(load, args, ["fbf_t"], 8)  # warm up connections and tables
+        if args.syscalls:
+            if shutil.which("strace") is None:
+                print("--syscalls: strace not found (Debian: apt-get install strace); "
+                      "measuring without it", flush=True)
+            load.syscalls = True
         if "batch" in phases:
             results["batch"] = await batch_phase(load, args)
             print("batch:", results["batch"], flush=True)
@@ -354,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated subset of batch,routed,single,single_routed,compare,"
                          "live,memory")
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--syscalls", action="store_true",
+                    help="count the nodes' syscalls per op with strace in the middle third of "
+                         "each load phase (tracing slows them: read counts, not speed)")
     ap.add_argument("--node-args", nargs=argparse.REMAINDER, default=[],
                     help="extra flags for every node, e.g. --node-args --max-inflight-frames 2")
     args = ap.parse_args(argv)
