@@ -10,7 +10,8 @@ Every field, its default and its constraint (durations are float seconds):
     seq_block = 1000        sequence numbers reserved (written and fsynced) per reservation; >= 1
     attempt_timeout = 1.0   one HTTP attempt; > 0
     total_timeout = 10.0    one op, all retries included; further clipped to the cluster's
-                            advertised window minus ``window_margin``; > 0
+                            advertised window minus ``window_margin``, and minus the clock
+                            tolerance the nodes advertise (``max_clock_skew``); > 0
     window_margin = 0.25    fraction of the advertised window kept unused (a retry must still be
                             recognised when it arrives); 0 <= margin < 1
     min_window_margin = 0.5 at least this many seconds are kept unused too; >= 0
@@ -112,10 +113,12 @@ class ClientConfig:
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"{name}: must be >= 1, got {getattr(self, name)}")
 
-    def budget(self, window: float) -> float:
-        """Seconds one op may spend on retries: its total timeout, kept inside ``window``."""
+    def budget(self, window: float, skew: float = 0.0) -> float:
+        """Seconds one op may spend on retries: its total timeout, kept inside ``window``, and
+        inside ``window - skew`` (``skew``: the clock difference the nodes allow, which they
+        take off every op's window: an op older than that is refused, never applied)."""
         inside = window * (1.0 - self.window_margin)
-        inside = min(inside, window - self.min_window_margin)
+        inside = min(inside, window - self.min_window_margin, window - skew)
         return max(0.0, min(self.total_timeout, inside))
 
     def replace(self, **changes: Any) -> ClientConfig:

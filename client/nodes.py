@@ -26,6 +26,7 @@ class NodePool:
         self.failed_at: dict[str, float] = {}
         self.node_ids: dict[str, str] = {}
         self.windows: dict[str, float] = {}
+        self.skews: dict[str, float] = {}  # each node's clock tolerance (max_clock_skew)
         self.members: tuple[str, ...] = ()
         self.ring: Ring | None = None
         self._ring_spec: tuple[tuple[str, ...], int, int] | None = None
@@ -50,6 +51,7 @@ class NodePool:
         self.urls.remove(url)
         self.failed_at.pop(url, None)
         self.windows.pop(url, None)
+        self.skews.pop(url, None)
         node_id = self.node_ids.pop(url, None)
         if node_id is not None and self._url_of.get(node_id) == url:
             del self._url_of[node_id]
@@ -91,6 +93,10 @@ class NodePool:
         window = health.get("window_s")
         if isinstance(window, int | float) and window > 0:
             self.windows[url] = float(window)
+        clock = health.get("clock")
+        skew = clock.get("tolerance_s") if isinstance(clock, Mapping) else None
+        if isinstance(skew, int | float) and skew >= 0:
+            self.skews[url] = float(skew)
         members = health.get("members")
         if isinstance(members, list):
             self.members = tuple(str(m) for m in members)
@@ -136,3 +142,7 @@ class NodePool:
 
     def window(self, assumed: float) -> float:
         return min(self.windows.values()) if self.windows else assumed
+
+    def skew(self) -> float:
+        """The largest clock tolerance the nodes advertise (0 before any says)."""
+        return max(self.skews.values(), default=0.0)

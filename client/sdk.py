@@ -127,7 +127,7 @@ class CounterClient:
     @property
     def op_budget(self) -> float:
         """Seconds an op may spend retrying: inside the window, with the configured margin."""
-        return self.config.budget(self.window_s)
+        return self.config.budget(self.window_s, self.pool.skew())
 
     # -- health and discovery --------------------------------------------------------------
 

@@ -32,6 +32,8 @@ def test_budget_stays_inside_the_window() -> None:
     assert cfg.budget(10.0) == 7.5
     assert cfg.budget(1.0) == 0.5
     assert ClientConfig(nodes=("h:1",), total_timeout=2.0).budget(10.0) == 2.0
+    # the nodes refuse ops older than their window less max_clock_skew: no retry past it
+    assert cfg.budget(2.0, skew=1.0) == 1.0 and cfg.budget(10.0, skew=1.0) == 7.5
 
 
 def test_op_ids_reserve_blocks_and_never_repeat(tmp_path: Path) -> None:
@@ -63,6 +65,9 @@ def test_discovery_and_window_from_health() -> None:
                                     "addresses": {"n1": "a:1", "n2": "b:2"}}, discover=True)
     assert new == ["http://b:2"] and pool.members == ("n1", "n2")
     assert pool.window(9.0) == 4.0 and NodePool(["x:1"]).window(9.0) == 9.0
+    assert pool.skew() == 0.0
+    pool.learn("http://b:2", {"node": "n2", "clock": {"tolerance_s": 1.0}}, discover=False)
+    assert pool.skew() == 1.0
     assert pool.learn("http://a:1", {"addresses": {"n3": "c:3"}}, discover=False) == []
 
 
