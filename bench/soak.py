@@ -49,6 +49,9 @@ def node_processes(data_dir: Path) -> dict[str, int]:
         if "cluster.node" not in args or "--data-dir" not in args or "--id" not in args:
             continue
         ddir = args[args.index("--data-dir") + 1]
+        if not os.path.isabs(ddir):  # relative to the node's own working directory
+            with contextlib.suppress(OSError):
+                ddir = os.path.join(os.readlink(f"/proc/{entry}/cwd"), ddir)
         if ddir.startswith(prefix):
             out[args[args.index("--id") + 1]] = int(entry)
     return out
@@ -93,7 +96,7 @@ def summarize(samples: dict[str, dict[int, list[tuple[float, float]]]]) -> dict[
 
 
 async def soak(args: argparse.Namespace) -> int:
-    out_dir = Path(args.out)
+    out_dir = Path(args.out).resolve()  # the nodes' --data-dir, matched as given in their argv
     data_dir = out_dir / "data"
     if data_dir.exists() and any(data_dir.iterdir()):
         print(f"error: {data_dir} is not empty (an earlier soak): pick another --out",

@@ -44,3 +44,20 @@ def test_the_targets_are_judged_by_their_sense() -> None:
                    "batched / Redis pipelined": True, "single ops/s": False,
                    "single node CPU per op (us)": True, "single / Redis single": False,
                    "single p99 at 80% of peak (ms)": False}
+
+
+def test_the_soak_finds_nodes_started_with_a_relative_data_dir(tmp_path: Path) -> None:
+    """The chaos driver passes --data-dir as given; the soak must still find each node (its
+    RSS samples were empty when --out was relative)."""
+    from bench.soak import node_processes
+
+    (tmp_path / "soak" / "data").mkdir(parents=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "cluster.node", "--id", "n9",
+         "--data-dir", "soak/data/n9"], cwd=tmp_path)
+    try:
+        assert node_processes(tmp_path / "soak" / "data") == {"n9": proc.pid}
+        assert node_processes(tmp_path / "elsewhere") == {}
+    finally:
+        proc.kill()
+        proc.wait()
