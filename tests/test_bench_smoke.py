@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,12 @@ def test_the_soak_finds_nodes_started_with_a_relative_data_dir(tmp_path: Path) -
         [sys.executable, "-c", "import time; time.sleep(60)", "cluster.node", "--id", "n9",
          "--data-dir", "soak/data/n9"], cwd=tmp_path)
     try:
+        # the kernel closes the exec pipe Popen waits on before it sets the new argv: until
+        # then /proc/<pid>/cmdline is empty (seen under load)
+        deadline = time.monotonic() + 10
+        while b"cluster.node" not in Path(f"/proc/{proc.pid}/cmdline").read_bytes():
+            assert time.monotonic() < deadline, "the child never exec'd"
+            time.sleep(0.01)
         assert node_processes(tmp_path / "soak" / "data") == {"n9": proc.pid}
         assert node_processes(tmp_path / "elsewhere") == {}
     finally:
