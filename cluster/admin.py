@@ -20,7 +20,7 @@ from cluster.core.errors import ConfigError
 from cluster.core.membership import LEFT, Membership, MembershipError
 from cluster.roles.membership import gone, load_ring
 from cluster.transport.auth import PeerAuth, load_secret
-from cluster.transport.peer import PeerLink, peer_ssl
+from cluster.transport.peer import PeerLink, dial_ssl, peer_ssl
 from cluster.transport.wire import Kind
 
 
@@ -36,16 +36,7 @@ def admin_ssl(tls: bool, ca_file: str | None) -> ssl.SSLContext | None:
     """How the command dials a cluster whose port speaks TLS: checked against ``ca_file`` when
     given (no host name check: members are addressed by IP, as peers dial each other), else
     encrypted only (the signed frames are what authenticate); None for plain TCP."""
-    if ca_file is not None:
-        ctx = ssl.create_default_context(cafile=ca_file)
-        ctx.check_hostname = False
-        return ctx
-    if not tls:
-        return None
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
-    return ctx
+    return dial_ssl(ca_file) if tls or ca_file is not None else None
 
 
 async def ask_change(seeds: Sequence[tuple[str, int]], own_id: str, secret_file: str | None,

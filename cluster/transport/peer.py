@@ -413,10 +413,14 @@ def peer_ssl(config: NodeConfig) -> ssl.SSLContext | None:
     """How this node dials peers over TLS: checked against ``tls_ca`` when given (no host name
     check: peers are addressed by IP); without a CA it only encrypts, and the HMAC on every
     frame is what authenticates the peer."""
-    if config.tls_cert is None:
-        return None
-    if config.tls_ca is not None:
-        ctx = ssl.create_default_context(cafile=config.tls_ca)
+    return None if config.tls_cert is None else dial_ssl(config.tls_ca)
+
+
+def dial_ssl(ca_file: str | None) -> ssl.SSLContext:
+    """A context for dialing a node's TLS port: its certificate checked against ``ca_file``
+    when given (no host name check: nodes are addressed by IP), else encryption only."""
+    if ca_file is not None:
+        ctx = ssl.create_default_context(cafile=ca_file)
         ctx.check_hostname = False
         return ctx
     ctx = ssl.create_default_context()
