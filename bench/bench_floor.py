@@ -34,6 +34,7 @@ from typing import Any
 
 import msgpack
 
+from bench.bench_cluster import cpu_seconds
 from cluster.local import free_ports
 
 _LEN = struct.Struct(">I")
@@ -169,16 +170,6 @@ async def serve(role: str, port: int, replica_ports: list[int], fsync: bool, log
     await loop.create_server(lambda: Server(node), "127.0.0.1", port)
     print("READY", flush=True)
     await asyncio.Event().wait()
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / tick
 
 
 async def drive(port: int, pids: list[int], batch: int, seconds: float, concurrency: int

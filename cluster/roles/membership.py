@@ -132,9 +132,8 @@ def view(node: Node) -> dict[str, Any]:
                 else "down", "since": m.since} for m in ms.members]
     move = None
     if ms.moving:
-        hold = 2 * node.config.failure_timeout if ms.reads_new else node.move_hold()
         move = {**ms.moves(), "since": ms.moving_since, "reads": "new" if ms.reads_new
-                else "old", "next_step_after": ms.moving_since + hold}
+                else "old", "next_step_after": ms.moving_since + step_hold(node, ms)}
     return {"version": ms.version, "members": members, "rf": ms.rf, "vnodes": ms.vnodes,
             "claimant": ms.claimant(), "move": move}
 
@@ -315,10 +314,7 @@ async def move_loop(node: Node, changes: Changes, interval: float = 1.0) -> None
         ms = node.membership
         if not ms.moving or _driver(ms, node) != node.id:
             continue
-        # the second step waits until every node has had the first (pushed, or pulled at a
-        # heartbeat; a node still behind after a failure timeout is fenced)
-        hold = 2 * node.config.failure_timeout if ms.reads_new else node.move_hold()
-        if node.clock() < ms.moving_since + hold:
+        if node.clock() < ms.moving_since + step_hold(node, ms):
             continue
         try:
             if ms.reads_new:
@@ -327,6 +323,14 @@ async def move_loop(node: Node, changes: Changes, interval: float = 1.0) -> None
                 await finish_move(node, changes, ms)
         except Exception as exc:  # noqa: BLE001 - next round
             log.info("move not finished yet: %r", exc)
+
+
+def step_hold(node: Node, ms: Membership) -> float:
+    """How long the current step of a move lasts at least: the first, ``move_hold`` (a dedup
+    window and more); the second (the new sets serve), two failure timeouts, so that every
+    node has had the first step (pushed, or pulled at a heartbeat; a node still behind after
+    a failure timeout is fenced)."""
+    return 2 * node.config.failure_timeout if ms.reads_new else node.move_hold()
 
 
 async def finish_move(node: Node, changes: Changes, ms: Membership) -> None:
