@@ -7,11 +7,27 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from cluster.local import LocalCluster
+
+
+def write_certs(directory: Path) -> dict[str, str]:
+    """A test CA and a certificate for 127.0.0.1 signed by it, written as PEM files: the paths
+    of ``ca``, ``cert`` and ``key`` (for ``--tls-cert``, ``--tls-key``, ``--tls-ca``)."""
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    paths = {"ca": directory / "ca.pem", "cert": directory / "cert.pem",
+             "key": directory / "key.pem"}
+    ca.cert_pem.write_to_path(str(paths["ca"]))
+    cert.cert_chain_pems[0].write_to_path(str(paths["cert"]))
+    cert.private_key_pem.write_to_path(str(paths["key"]))
+    return {k: str(v) for k, v in paths.items()}
 
 
 @contextlib.asynccontextmanager

@@ -10,11 +10,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-import trustme
 
 from client import CounterClient
 from cluster.local import LocalCluster
-from tests.cluster_util import running_cluster
+from tests.cluster_util import running_cluster, write_certs
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -65,14 +64,7 @@ async def test_bad_token_file_stops_the_node_with_a_clear_error(tmp_path: Path) 
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    d = tmp_path_factory.mktemp("tls")
-    paths = {"ca": d / "ca.pem", "cert": d / "cert.pem", "key": d / "key.pem"}
-    ca.cert_pem.write_to_path(str(paths["ca"]))
-    cert.cert_chain_pems[0].write_to_path(str(paths["cert"]))
-    cert.private_key_pem.write_to_path(str(paths["key"]))
-    return {k: str(v) for k, v in paths.items()}
+    return write_certs(tmp_path_factory.mktemp("tls"))
 
 
 async def test_tls_cluster_serves_clients_and_replicates_over_tls(certs: dict[str, str]) -> None:

@@ -20,7 +20,7 @@ import pytest
 from client import CounterClient
 from cluster.core.membership import Membership
 from cluster.local import LocalCluster, StartError
-from tests.cluster_util import Client, running_cluster, wait_until
+from tests.cluster_util import Client, running_cluster, wait_until, write_certs
 
 pytestmark = pytest.mark.asyncio
 
@@ -344,18 +344,10 @@ async def test_a_tls_cluster_is_joined_and_drained_over_tls(tmp_path: Path) -> N
     import ssl
 
     import aiohttp
-    import trustme
 
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    paths = {"ca": tmp_path / "ca.pem", "cert": tmp_path / "cert.pem",
-             "key": tmp_path / "key.pem"}
-    ca.cert_pem.write_to_path(str(paths["ca"]))
-    cert.cert_chain_pems[0].write_to_path(str(paths["cert"]))
-    cert.private_key_pem.write_to_path(str(paths["key"]))
-    tls = ["--tls-cert", str(paths["cert"]), "--tls-key", str(paths["key"]),
-           "--tls-ca", str(paths["ca"])]
-    ctx = ssl.create_default_context(cafile=str(paths["ca"]))
+    paths = write_certs(tmp_path)
+    tls = ["--tls-cert", paths["cert"], "--tls-key", paths["key"], "--tls-ca", paths["ca"]]
+    ctx = ssl.create_default_context(cafile=paths["ca"])
     async with (running_cluster(3, extra_args=[*ARGS, *tls]) as cluster,
                 aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s):
         n4 = cluster.add_node("n4", join=["n1"])
@@ -383,7 +375,7 @@ async def test_a_tls_cluster_is_joined_and_drained_over_tls(tmp_path: Path) -> N
         _out, err = await asyncio.wait_for(plain.communicate(), 60)
         assert plain.returncode == 1 and b"error: decommission n3" in err, err
         assert (await states())["n3"] == "normal"
-        dec = await decommission("n4", "--tls-ca", str(paths["ca"]))
+        dec = await decommission("n4", "--tls-ca", paths["ca"])
         out, err = await asyncio.wait_for(dec.communicate(), 90)
         assert dec.returncode == 0, out + err
         assert b"n4: left on every member" in out
