@@ -318,6 +318,32 @@ async def wait_version(nodes: list[Any], version: int, timeout: float) -> float:
     raise RuntimeError(f"membership version {version} not settled in {timeout:g} s")
 
 
+async def wait_shed(nodes: list[Any], version: int, timeout: float) -> dict[str, Any]:
+    """Once ``version`` is normal everywhere: seconds until every node in ``nodes`` dropped
+    the keys it no longer replicates (``/v1/ring``'s ``shed``), and the counters each held
+    before and after."""
+    t0 = time.monotonic()
+    before = {n.id: metric(await metrics_text(n.host, n.port), "idc_counters") for n in nodes}
+    while time.monotonic() - t0 < timeout:
+        views = []
+        for n in nodes:
+            conn = await HttpConn.open(n.host, n.port)
+            try:
+                views.append(json.loads((await conn.request("GET", "/v1/ring", b"",
+                                                            "application/json"))[1])["shed"])
+            finally:
+                await conn.close()
+        if all(v["done_version"] >= version for v in views):
+            after = {n.id: metric(await metrics_text(n.host, n.port), "idc_counters")
+                     for n in nodes}
+            return {"shed_seconds_after_normal": round(time.monotonic() - t0, 2),
+                    "shed_dropped_keys": sum(v["dropped_keys"] for v in views),
+                    "counters_before_shed": {k: int(v) for k, v in before.items()},
+                    "counters_after_shed": {k: int(v) for k, v in after.items()}}
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"keys not shed in {timeout:g} s")
+
+
 async def membership_phase(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
     """n4 joins, then is decommissioned, while ``--rate`` ops/s go to n1..n3."""
     names = ["idc_antientropy_bytes_total", "idc_antientropy_keys_total",
@@ -339,6 +365,7 @@ async def membership_phase(cluster: LocalCluster, args: argparse.Namespace) -> d
         # so its fill is that of its own share of the load, not a merge of whole tables
         fill = {n.id: metric(await metrics_text(n.host, n.port), "idc_fbf_fill")
                 for n in [*base, n4]}
+        shed = await wait_shed(base, 3, args.repair_timeout)
         t1 = time.monotonic()
         dec = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "cluster", "decommission", "n4", "--via", base[1].address,
@@ -356,6 +383,7 @@ async def membership_phase(cluster: LocalCluster, args: argparse.Namespace) -> d
     return {"rate": args.rate, "window": args.membership_window,
             "join_seconds_to_ready": ready, "join_seconds_to_normal": joined,
             "n4_counters": int(held), "share_of_counters": round(held / args.counters, 3),
+            **shed,
             "decommission_seconds": left, "decommission_exit": code, "n4_exit": exit_code,
             "acked": w.acked, "failed": w.failed,
             "fbf_fill_after_join": {k: round(v, 5) for k, v in fill.items()},

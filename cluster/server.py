@@ -31,6 +31,7 @@ from cluster.roles.failure import heartbeat_loop
 from cluster.roles.member import Node
 from cluster.roles.membership import depart, gone, move_loop
 from cluster.roles.settle import settle_loop
+from cluster.roles.shed import shed_loop
 from cluster.transport.peer import close_all
 
 log = logging.getLogger("cluster.server")
@@ -104,6 +105,7 @@ class NodeServer:
             asyncio.create_task(antientropy_loop(node, cfg.antientropy_interval),
                                 name="anti-entropy"),
             asyncio.create_task(move_loop(node, node.changes), name="moves"),
+            asyncio.create_task(shed_loop(node), name="shedding"),
             asyncio.create_task(self._depart_when_left(), name="departure")]
         log.info("node ready", extra={"fields": {
             "node": node.id, "address": f"{host}:{port}", "replayed": replayed,

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from cluster.core.digests import BUCKETS, LEAVES, LEVELS, Digests
+from cluster.core.digests import BUCKETS, LEAVES, LEVELS, Digests, key_hash
 from cluster.core.ring import Ring
 from cluster.core.shards import CounterEntry, ShardStore
 
@@ -64,7 +64,9 @@ def tree(d: Digests, table: str, peer: str | None = None) -> dict[int, dict[int,
 
 
 tables = st.sampled_from(["t", "u"])
-keys = st.sampled_from(["k0", "k1", "k2"])
+# k0..k2 fall in leaves of their own; s* share one leaf (page) in table "t": a drop renumbers
+SAME_PAGE = ["s2104", "s5641", "s7553", "s10458"]
+keys = st.sampled_from(["k0", "k1", "k2", *SAME_PAGE])
 origins = st.sampled_from(["n1", "n2", "n3"])
 deltas = st.integers(-50, 50)
 counts = st.integers(0, 200)
@@ -83,6 +85,7 @@ steps = st.one_of(
     st.tuples(st.just("clear_hidden")),
     st.tuples(st.just("flush"), st.none() | st.integers(0, 3)),
     st.tuples(st.just("snapshot")),
+    st.tuples(st.just("drop"), tables, st.lists(keys, max_size=3)),
 )
 
 
@@ -99,6 +102,17 @@ def run(store: ShardStore, ops: list[tuple[Any, ...]]) -> ShardStore:
             store.clear_hidden()
         elif name == "flush":
             store.flush_digests(args[0])
+        elif name == "drop":  # a key with a hidden delta stays; the others go, entries and all
+            table, gone = args
+            held = set(store.keys_of(table))
+            kept = {k for k in gone if store.has_hidden(table, k)}
+            before = {k: store.entry(table, k) for k in held}
+            dropped = store.drop(table, gone)
+            assert dropped == len((set(gone) & held) - kept)
+            assert set(store.keys_of(table)) == held - (set(gone) - kept)
+            for k in set(store.keys_of(table)):
+                assert store.entry(table, k) == before[k]
+            assert store.keys == sum(len(list(store.keys_of(t))) for t in store.tables())
         elif name == "snapshot":  # a reload: every loaded row is marked, to be rehashed
             hidden = copy.deepcopy(store._hidden)  # as set_pending rebuilds them (marks again)
             store = ShardStore.from_bytes(store.to_bytes(), store.own)
@@ -124,6 +138,10 @@ def run(store: ShardStore, ops: list[tuple[Any, ...]]) -> ShardStore:
 # an unhide of a delta never hidden (the store clamps a hidden part at 0: it only subtracts)
 @example([("apply", "u", "k0", 0), ("hide", "u", "k0", "n2", 1), ("unhide", "u", "k0", "n2", -1)])
 @example([("apply_hidden", "u", "k1", 1), ("unhide", "u", "k1", "n1", -1)])
+# keys dropped from a page that holds others, with marks pending and after a flush
+@example([("merge_pair", "t", "s2104", "n2", 3, 1), ("apply", "t", "s5641", 2),
+          ("merge_pair", "t", "s7553", "n3", 1, 0), ("flush", None), ("snapshot",),
+          ("drop", "t", ["s5641"]), ("flush", 1), ("drop", "t", ["s2104", "k0"])])
 def test_incremental_digests_equal_a_full_pass(ops: list[tuple[Any, ...]]) -> None:
     store = run(ShardStore("n1"), ops)
     assert store.flush_digests() == 0
@@ -263,3 +281,16 @@ def test_a_bulk_load_ends_with_the_digests_of_a_full_pass(before: list[tuple[Any
     assert store.flush_digests() == 0
     assert {t: s for t, s in store.digests.sums().items() if any(s)} == \
         {t: s for t, s in scratch(store)[0].items() if any(s)}
+
+
+def test_the_same_page_keys_share_a_page() -> None:
+    """What the drop examples above rely on: renumbering happens only in a shared page."""
+    assert len({key_hash("t", k) % LEAVES for k in SAME_PAGE}) == 1
+    store = ShardStore("n1")
+    for k in SAME_PAGE:
+        store.apply_local("t", k, 1)
+    store.merge_pair("t", SAME_PAGE[2], "n2", 7, 3)
+    assert store.drop("t", SAME_PAGE[:2]) == 2
+    assert sorted(store.keys_of("t")) == sorted(SAME_PAGE[2:])
+    assert store.value("t", SAME_PAGE[2]) == 1 + 7 - 3 and store.value("t", SAME_PAGE[3]) == 1
+    assert store.drop("t", SAME_PAGE) == 2 and store.keys == 0 and not list(store.tables())

@@ -107,6 +107,17 @@ async def settled(client: Client, urls: list[str], version: int) -> bool:
     return True
 
 
+async def on_their_replicas_only(client: Client, nodes: list[Any], placement: Any) -> bool:
+    """Each node holds exactly the keys of ``KEYS`` that ``placement`` gives it."""
+    for n in nodes:
+        _, metrics = await client.get(f"{n.url}/metrics")
+        held = next(float(ln.split()[-1]) for ln in metrics.decode().splitlines()
+                    if ln.startswith("idc_counters "))
+        if held != sum(n.id in placement.preference_list("t", k) for k in KEYS):
+            return False
+    return True
+
+
 async def check_counts(client: Client, cluster: LocalCluster, load: Load) -> None:
     """Every replica of every key of the final membership holds exactly what was acked
     (give or take the ops whose outcome the writers never learned)."""
@@ -164,6 +175,14 @@ async def test_join_then_decommission_under_load_counts_every_op_once() -> None:
         assert "idc_ring_version 4" in metrics.decode()  # join, new sets serve, normal
         gained = [ln for ln in metrics.decode().splitlines() if ln.startswith("idc_counters")]
         assert gained and float(gained[0].split()[-1]) > 0, gained
+        # n1..n3 hand the keys that moved to n4 off and drop them: RF copies of every key
+        nodes = [*cluster.nodes.values()]
+        await wait_until(lambda: on_their_replicas_only(client, nodes, placement), timeout=30,
+                         what="every key on exactly RF replicas")
+        views = [await ring(client, n.url) for n in nodes]
+        assert all(v["shed"]["done_version"] == 4 and v["shed"]["foreign_keys"] == 0
+                   for v in views), views
+        assert sum(v["shed"]["dropped_keys"] for v in views) >= len(mine), views
 
         dec = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "cluster", "decommission", "n1", "--via",

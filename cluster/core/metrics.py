@@ -107,6 +107,9 @@ class NodeMetrics:
     stale_ring_refusals: int = 0
     ring_conflicts: int = 0
     ring_version: int = 0
+    shed_keys: int = 0  # keys dropped as no longer replicated here (``cluster.roles.shed``)
+    foreign_keys: int = 0  # keys held but not replicated here, as the last pass left them
+    shed_version: int = 0  # the membership whose shedding pass left none (0: none yet)
     requests: dict[str, Histogram] = field(default_factory=dict)
     loop_lag: Histogram = field(default_factory=lambda: Histogram(LOOP_LAG_BUCKETS))
 
@@ -209,6 +212,8 @@ def render(node: Any, auth: Any = None, edge: Any = None) -> str:
         ("stale_ring_refusals", "op copies and forwards refused from a peer that showed an "
          "older membership version (it learns the new one at its next heartbeat)"),
         ("ring_conflicts", "memberships seen with our version but other content (refused)"),
+        ("shed_keys", "keys this node dropped after a move, as it no longer replicates them "
+         "(each handed off to every replica first)"),
     ):
         ex.simple(f"idc_{name}_total", "counter", help_text, getattr(m, name))
     ex.simple("idc_antientropy_cpu_seconds_total", "counter",
@@ -275,6 +280,9 @@ def _membership_families(ex: Exposition, node: Any) -> None:
     ex.simple("idc_ring_move_seconds", "gauge", "seconds the move under way has lasted (0: "
               "none; it finishes after the dedup window, once the new replicas caught up)",
               max(0.0, node.clock() - ms.moving_since) if ms.moving else 0.0)
+    ex.simple("idc_ring_foreign_keys", "gauge", "keys held here that this node no longer "
+              "replicates and could not hand off yet, as the last shedding pass left them "
+              "(they are dropped once every replica took them)", node.metrics.foreign_keys)
 
 
 def _refusals(ex: Exposition, name: str, help_text: str, refusals: Refusals) -> None:

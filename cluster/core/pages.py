@@ -25,7 +25,7 @@ from __future__ import annotations
 import sys
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 ORIGIN_BITS = 16
 MAX_ORIGINS = 1 << ORIGIN_BITS
@@ -108,6 +108,29 @@ class Page:
                 return
             yield w & _LOW, pn[2 * j], pn[2 * j + 1]
             j += 1
+
+    def drop(self, gone: Collection[int]) -> int:
+        """Remove the keys numbered ``gone`` and their entries; the others are renumbered in
+        order (their hashes and marks kept). How many of the removed keys were marked."""
+        names = self.names()
+        keep = [r for r in range(len(names)) if r not in gone]
+        number = {r: i for i, r in enumerate(keep)}
+        who, pn, old_pn = _q(), _q(), self.pn
+        for j, w in enumerate(self.who):
+            i = number.get(w >> ORIGIN_BITS)
+            if i is not None:
+                who.append((i << ORIGIN_BITS) | (w & _LOW))
+                pn.append(old_pn[2 * j])
+                pn.append(old_pn[2 * j + 1])
+        dirty, marked = self.dirty, 0
+        for i, r in enumerate(keep):
+            if dirty >> r & 1:
+                marked |= 1 << i
+        self.keys = _SEP + b"".join(names[r] + _SEP for r in keep)
+        self.hashes = array("Q", [self.hashes[r] for r in keep])
+        self.who, self.pn = who, pn
+        self.dirty = marked
+        return dirty.bit_count() - marked.bit_count()
 
     def dump(self) -> list[bytes]:
         """What a snapshot keeps of the page: its names and entries (hashes are recomputed)."""

@@ -29,7 +29,7 @@ leaf.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import msgpack
@@ -219,6 +219,36 @@ class ShardStore:
                     n = n0
                 pn[j], pn[j + 1] = p, n
                 moved(table, key, page, r, leaf, origin, p0, n0, p, n)
+
+    def drop(self, table: str, keys: Iterable[str]) -> int:
+        """Forget ``keys`` of ``table`` (a node that no longer replicates them, once their
+        replicas hold them: ``cluster.roles.shed``); a key with a hidden delta is kept, as its
+        op is still in doubt. They leave the digests too. How many keys were dropped."""
+        pages = self._tables.get(table)
+        if pages is None:
+            return 0
+        gone: dict[int, dict[int, str]] = {}  # leaf -> key number -> name
+        for key in keys:
+            if (table, key) in self._hidden:
+                continue
+            found = self._find(table, key)
+            if found is not None:
+                gone.setdefault(found[2], {})[found[1]] = key
+        for leaf, names in gone.items():
+            page = pages[leaf]
+            if self._tracking:
+                for r, key in names.items():
+                    if page.hashes[r]:
+                        self.digests.update(table, key, leaf, page.hashes[r], 0)
+            self._pending -= page.drop(names)
+            self.keys -= len(names)
+            if not len(page):
+                del pages[leaf]
+            if not page.dirty:
+                self._dirty.pop((table, leaf), None)
+        if not pages:
+            del self._tables[table]
+        return sum(map(len, gone.values()))
 
     def own_pair(self, table: str, key: str) -> Pair:
         """This node's own pair as applied here (hidden deltas included)."""
@@ -439,13 +469,15 @@ class ShardStore:
         up to ``pages_per_chunk`` pages as they are when it is made; then the origins, last (they
         only grow, so every origin a chunk names is in them). A caller may run other code
         between chunks: a page changed meanwhile is taken as it is then (``NodeState``'s
-        snapshot relies on pairs only growing), a page created meanwhile is left out."""
+        snapshot relies on pairs only growing), a page created or emptied meanwhile is left out."""
         todo = [(table, leaf) for table, pages in self._tables.items() for leaf in pages]
         pack = msgpack.Packer().pack
         for i in range(0, len(todo), pages_per_chunk):
             flat: list[Any] = []
             for table, leaf in todo[i:i + pages_per_chunk]:
-                flat += (table, leaf, *self._tables[table][leaf].dump())
+                page = self._tables.get(table, {}).get(leaf)
+                if page is not None:  # else its keys were dropped meanwhile (``drop``)
+                    flat += (table, leaf, *page.dump())
             yield pack(flat)
         yield pack({"own": self.own, "origins": self._origins})
 

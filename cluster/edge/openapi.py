@@ -190,6 +190,15 @@ def _schemas(max_batch_ops: int, max_op_id_bytes: int) -> dict[str, Any]:
                 "rf": {"type": "integer"}, "vnodes": {"type": "integer"},
                 "claimant": {"type": "string"},
                 "move": {"type": "object", "nullable": True},
+                "shed": {"type": "object", "description": (
+                    "keys this node no longer replicates after a move: handed off to every "
+                    "replica, then dropped (docs/membership.md, \"Shedding\")"),
+                    "properties": {
+                        "done_version": {"type": "integer", "description": (
+                            "the membership whose pass left none behind (0: none yet)")},
+                        "foreign_keys": {"type": "integer", "description": (
+                            "held but not replicated, as the last pass left them")},
+                        "dropped_keys": {"type": "integer"}}},
             },
         },
         "Health": {

@@ -79,7 +79,7 @@ class Node:
         self.membership = membership.initial(self._data_dir, config, members)
         self.ring: Placement = self.membership.placement()
         self.peer_versions: dict[str, int] = {}  # the ring version each peer last showed
-        self._installed_at = monotonic()
+        self.installed_at = monotonic()
         self.departed = asyncio.Event()  # set once this node's state is ``left``
         if membership.departed(self.membership, self.id):  # it left while it was down
             self.departed.set()
@@ -159,7 +159,7 @@ class Node:
             membership.save_ring(self._data_dir, ms)
         self._keep_ring(ms)
         self.membership = ms
-        self._installed_at = self.monotonic()
+        self.installed_at = self.monotonic()
         self.use_placement(ms.placement())
         for m in ms.members:
             if m.id == self.id:
@@ -204,7 +204,7 @@ class Node:
         lasts two failure timeouts longer than the window for them."""
         version = self.membership.version
         return (self.peer_versions.get(peer, version) < version
-                and self.monotonic() - self._installed_at > self.config.failure_timeout)
+                and self.monotonic() - self.installed_at > self.config.failure_timeout)
 
     def move_hold(self) -> float:
         """How long a move lasts at least: the longest dedup window, the clock skew allowed,

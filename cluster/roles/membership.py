@@ -52,6 +52,7 @@ class Node(Protocol):
     hints: Any
     ready: bool
     departed: asyncio.Event
+    metrics: Any
 
     def install(self, ms: Membership) -> bool: ...
 
@@ -134,8 +135,11 @@ def view(node: Node) -> dict[str, Any]:
     if ms.moving:
         move = {**ms.moves(), "since": ms.moving_since, "reads": "new" if ms.reads_new
                 else "old", "next_step_after": ms.moving_since + step_hold(node, ms)}
+    m = node.metrics
     return {"version": ms.version, "members": members, "rf": ms.rf, "vnodes": ms.vnodes,
-            "claimant": ms.claimant(), "move": move}
+            "claimant": ms.claimant(), "move": move,
+            "shed": {"done_version": m.shed_version, "foreign_keys": m.foreign_keys,
+                     "dropped_keys": m.shed_keys}}
 
 
 # -- RING frames ---------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from typing import Any, cast
 from client.checker import CounterReport, check
 from cluster.core.membership import Membership
 from cluster.core.shards import ShardStore
+from cluster.roles.member import Node
 from cluster.sim.clients import History, Workload, client_tasks, final_reads
 from cluster.sim.disk import SimLog
 from cluster.sim.loop import SimLoop
@@ -266,6 +267,25 @@ async def _main(opts: Options, world: World, history: History, nemesis: _Nemesis
     nemesis.note("heal all")
     await _quiet(world, opts.quiet, 120.0)
     await final_reads(world, work, history)
+    await _shed(world, 60.0)
+
+
+def _foreign(node: Node) -> int:
+    """Keys ``node`` holds and does not replicate."""
+    shards, prefs = node.state.shards, node.ring.preference_list
+    return sum(node.id not in prefs(t, k) for t in shards.tables() for k in shards.keys_of(t))
+
+
+async def _shed(world: World, limit: float) -> None:
+    """Every key ends on exactly RF replicas: the members that lost keys to a move drop them
+    (``cluster.roles.shed``) within ``limit`` seconds of the final reads."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    while (held := {n.id: c for n in world.live_nodes() if (c := _foreign(n))}):
+        if loop.time() > deadline:
+            world.errors.append(f"keys held by members that do not replicate them: {held}")
+            return
+        await asyncio.sleep(1.0)
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ from cluster.roles.failure import heartbeat_loop
 from cluster.roles.member import Node
 from cluster.roles.membership import depart, move_loop
 from cluster.roles.settle import settle_loop
+from cluster.roles.shed import shed_loop
 from cluster.sim.disk import SimDisk, SimLog
 from cluster.sim.net import SimLink, SimNet
 from cluster.transport.peer import PeerLink
@@ -147,6 +148,7 @@ class World:
         host.spawn(_snapshot_loop(node, cfg.snapshot_interval))
         host.spawn(_sweep_loop(node, 4 * cfg.quorum_timeout))
         host.spawn(move_loop(node, node.changes))
+        host.spawn(shed_loop(node))
         host.spawn(self._depart(host, node))
 
     async def _depart(self, host: Host, node: Node) -> None:

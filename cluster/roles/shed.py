@@ -1,0 +1,132 @@
+"""Shedding: once a membership change settled, a node drops the keys it no longer replicates.
+
+After a move finishes, the members that lost keys to a joiner (or a replacement) still hold
+them: never read, left out of anti-entropy, but memory, snapshot and replay time for nothing,
+and more than RF copies of every key that moved. Riak's way, which this follows: hand the data
+off to its owners, and delete it only once they confirmed it, under the new ring.
+
+Once this node has held a finished membership (no move under way) for two failure timeouts
+(every member has it, or is fenced; hints and in-doubt ops of the move have settled), it walks
+its store in steps of ``STEP`` keys. For each key whose replica set leaves it out it sends the
+key's entry to every member of that set (a REPAIR: max-merged and durable there before the
+answer) and drops the key (``ShardStore.drop``) only when
+
+- every member of the set answered, so each holds at least what this node held;
+- the membership is still the one the pass started with (a newer one may give the key back);
+- the key's entry did not change meanwhile (a late hint), and no op of it is in doubt here.
+
+A key that could not be handed off (a replica down) is kept and tried again at the next pass,
+a failure timeout later; a pass that left nothing behind is not run again for that version.
+
+Why every replica and not W: this node's copy may be the only one with its last pairs on a
+replica that missed them, and the key's own pair of this node's origin must be found again if
+the key ever comes back here (ScyllaDB's lost increment: a node taking a range back raised its
+stale copy of its own shard). A gaining member catches up from every live member before it
+leads (``membership.finish_move``), and after the hand-off every replica holds this node's pair.
+
+Dropping is not logged: a restart replays the log and may bring dropped keys back as they were
+(stale copies, which max-merge harmlessly and nobody reads); the first pass after the restart
+drops them again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from cluster.core.membership import Membership
+from cluster.roles.host import Host
+from cluster.transport.wire import Kind
+
+log = logging.getLogger("cluster.shed")
+
+STEP = 1000  # keys looked at between two yields to the loop (~1 ms: a placement lookup each)
+
+
+class Node(Host, Protocol):
+    membership: Membership
+    ready: bool
+    installed_at: float  # when the membership was installed (monotonic)
+
+    def is_live(self, node: str) -> bool: ...
+
+    def monotonic(self) -> float: ...
+
+
+async def shed_loop(node: Node, tick: float | None = None) -> None:
+    """Run a pass whenever the membership settled and no pass of it left nothing behind yet
+    (``metrics.shed_version``: the last membership whose pass did)."""
+    tick = tick if tick is not None else node.config.failure_timeout
+    while True:
+        await asyncio.sleep(tick)
+        ms = node.membership
+        if (ms.moving or not node.ready or ms.version == node.metrics.shed_version
+                or node.monotonic() - node.installed_at < 2 * node.config.failure_timeout):
+            continue
+        try:
+            kept = await shed(node, ms)
+        except Exception as exc:  # noqa: BLE001 - the next pass tries again
+            log.info("shedding keys not replicated here: %r", exc)
+            continue
+        if kept == 0 and node.membership is ms:
+            node.metrics.shed_version = ms.version
+
+
+async def shed(node: Node, ms: Membership) -> int:
+    """One pass over the store under ``ms``: hand off and drop every key this node does not
+    replicate; how many such keys it kept."""
+    kept = 0
+    if node.ring.replicates_everywhere:
+        node.metrics.foreign_keys = 0
+        return 0
+    prefs: Callable[[str, str], tuple[str, ...]] = node.ring.preference_list
+    me, shards = node.id, node.state.shards
+    for table in list(shards.tables()):
+        keys = shards.keys_of(table)
+        while step := list(itertools.islice(keys, STEP)):
+            if node.membership is not ms:
+                return kept + 1  # a newer membership: its own pass decides
+            foreign = [k for k in step if me not in prefs(table, k)]
+            if foreign:
+                dropped = await _hand_off(node, ms, table, foreign)
+                node.metrics.shed_keys += dropped
+                kept += len(foreign) - dropped
+            else:
+                await asyncio.sleep(0)
+    node.metrics.foreign_keys = kept
+    if kept:
+        log.info("%d keys not replicated here kept (a replica did not take them yet)", kept)
+    return kept
+
+
+async def _hand_off(node: Node, ms: Membership, table: str, keys: list[str]) -> int:
+    """Send the entries of ``keys`` to every member of their sets; drop the ones all of them
+    took. How many were dropped."""
+    shards, prefs = node.state.shards, node.ring.preference_list
+    sent: dict[str, Any] = {}
+    to: dict[str, list[list[Any]]] = {}
+    for key in keys:
+        if shards.has_hidden(table, key):
+            continue  # an op of it in doubt here: settle first
+        owners = prefs(table, key)
+        if not all(r in node.links and node.is_live(r) for r in owners):
+            continue
+        entry = sent[key] = shards.entry(table, key)
+        for r in owners:
+            to.setdefault(r, []).append([table, key, entry.to_wire()])
+    if not to:
+        return 0
+    timeout = 2 * node.config.quorum_timeout + len(sent) / 1000
+    peers = list(to)
+    answers = await asyncio.gather(
+        *(asyncio.wait_for(node.links[r].call(Kind.REPAIR, to[r]), timeout) for r in peers),
+        return_exceptions=True)
+    failed = {r for r, a in zip(peers, answers, strict=True) if isinstance(a, BaseException)}
+    if node.membership is not ms:
+        return 0
+    taken = [k for k, e in sent.items()
+             if not failed.intersection(prefs(table, k)) and shards.entry(table, k) == e]
+    return shards.drop(table, taken)
