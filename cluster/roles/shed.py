@@ -58,12 +58,16 @@ class Node(Host, Protocol):
 
 async def shed_loop(node: Node, tick: float | None = None) -> None:
     """Run a pass whenever the membership settled and no pass of it left nothing behind yet
-    (``metrics.shed_version``: the last membership whose pass did)."""
+    (``metrics.shed_version``: the last membership whose pass did). Never under version 1,
+    the ``--peers`` bootstrap: a static cluster is changed by restarting every node with a
+    new list, one at a time, with no agreement between old and new lists, so a key one node
+    no longer replicates may still count on it for a node with the old list."""
     tick = tick if tick is not None else node.config.failure_timeout
     while True:
         await asyncio.sleep(tick)
         ms = node.membership
-        if (ms.moving or not node.ready or ms.version == node.metrics.shed_version
+        if (ms.version <= 1 or ms.moving or not node.ready
+                or ms.version == node.metrics.shed_version
                 or node.monotonic() - node.installed_at < 2 * node.config.failure_timeout):
             continue
         try:
