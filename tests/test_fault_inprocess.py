@@ -159,7 +159,12 @@ async def test_crash_after_partial_replication_then_retry(tmp_path: Path) -> Non
             assert (status, body) == (200, {"applied": False, "duplicate": True}) or status == 503
             await c.start("n1")  # in doubt: published, or withdrawn if n2 applied it
             assert not c.servers["n1"].node.pending
-            await converged(c, client, key, 7)
+            # If n2 applied it, its copy needs all three replicas (W = 3), and the restarted
+            # n1 refuses copies of ops applied before its restart for one window (it may have
+            # fenced them before the crash: claims.Claims.forget), so n2 publishes it, and
+            # shows it, only after that window: wait for it, and a little more
+            window = c.servers["n1"].node.config.window
+            await converged(c, client, key, 7, timeout=window + 5.0)
             for n in ("n1", "n2", "n3"):
                 # W = 3: a duplicate needs every replica to answer that it shows the op, and
                 # n2's first call to the restarted n1 may find the old connection gone: 503
