@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,6 +35,7 @@ from cluster.core.membership import LEFT, Membership, MembershipError
 from cluster.roles import antientropy, settle
 from cluster.transport.peer import PeerLink
 from cluster.transport.wire import Kind
+from cluster.wal.files import write_durably
 
 log = logging.getLogger("cluster.membership")
 
@@ -81,21 +81,6 @@ def load_ring(data_dir: Path) -> Membership | None:
 def save_ring(data_dir: Path, ms: Membership) -> None:
     """Write the ring durably (temp file, fsync, rename, fsync of the directory)."""
     write_durably(data_dir / RING_FILE, json.dumps(ms.to_wire(), sort_keys=True) + "\n")
-
-
-def write_durably(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def initial(data_dir: Path | None, config: NodeConfig, given: Membership | None) -> Membership:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from cluster.wal.files import write_durably
 
 
 def next_incarnation(data_dir: Path, at_least: int = 0) -> int:
@@ -19,17 +20,7 @@ def next_incarnation(data_dir: Path, at_least: int = 0) -> int:
     except FileNotFoundError:
         current = 0
     value = max(current + 1, at_least)
-    tmp = data_dir / "incarnation.tmp"
-    with open(tmp, "w") as f:
-        f.write(f"{value}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(data_dir, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_durably(path, f"{value}\n")
     return value
 
 

@@ -43,6 +43,19 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def write_durably(path: Path, text: str) -> None:
+    """Replace a small file atomically and durably: a temp file written and fsynced, renamed
+    over ``path``, the directory fsynced (a crash leaves the old content or the new)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
 _datasync = getattr(os, "fdatasync", os.fsync)  # the size change is data for fdatasync too
 
 
