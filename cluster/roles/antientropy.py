@@ -419,9 +419,13 @@ class Hints:
     async def deliver(self, node: Node, peer: str, chunk: int = 5000) -> int:
         q = self.queues.get(peer)
         sent = 0
+        # keys a move took from the peer meanwhile are left out: their replicas hold them, and
+        # a copy there would be a key it no longer replicates (``cluster.roles.shed``)
         while q:
+            holds = getattr(node.ring, "write_set", node.ring.preference_list)
             items = [q.popleft() for _ in range(min(chunk, len(q)))]
-            send = node.shareable(items)  # published state only, as it stands now
+            send = [item for item in node.shareable(items)  # published state, as it stands
+                    if peer in holds(item[1], item[2])]
             if not send:
                 continue
             try:
