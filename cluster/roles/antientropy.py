@@ -64,12 +64,18 @@ def _failure_level(node: Node) -> int:
     return logging.INFO if node.ready else logging.DEBUG
 
 
+def _write_set(ring: Any) -> Callable[[str, str], tuple[str, ...]]:
+    """Who is written a key under ``ring``: ``Placement.write_set`` (while a move is under way,
+    the member gaining the key too); a plain ``Ring``'s preference list."""
+    return getattr(ring, "write_set", ring.preference_list)
+
+
 def _replica_sets(ring: Any, me: str) -> Callable[[str, str], frozenset[str]]:
     """A key's replica set (one frozenset per distinct preference list, shared); while a move
     is under way, with the member gaining the key (``Placement.write_set``). Empty for a key
     ``me`` no longer replicates (a move took it away): it is exchanged with nobody, where it
     would differ from every replica's digests forever."""
-    prefs = getattr(ring, "write_set", ring.preference_list)
+    prefs = _write_set(ring)
     sets: dict[tuple[str, ...], frozenset[str]] = {}
     none: frozenset[str] = frozenset()
 
@@ -422,7 +428,7 @@ class Hints:
         # keys a move took from the peer meanwhile are left out: their replicas hold them, and
         # a copy there would be a key it no longer replicates (``cluster.roles.shed``)
         while q:
-            holds = getattr(node.ring, "write_set", node.ring.preference_list)
+            holds = _write_set(node.ring)
             items = [q.popleft() for _ in range(min(chunk, len(q)))]
             send = [item for item in node.shareable(items)  # published state, as it stands
                     if peer in holds(item[1], item[2])]

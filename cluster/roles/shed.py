@@ -37,6 +37,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from cluster.core.entry import CounterEntry
 from cluster.core.membership import Membership
 from cluster.roles.host import Host
 from cluster.transport.wire import Kind
@@ -93,7 +94,7 @@ async def shed(node: Node, ms: Membership) -> int:
         while step := list(itertools.islice(keys, STEP)):
             if node.membership is not ms:
                 return kept + 1  # a newer membership: its own pass decides
-            foreign = [k for k in step if me not in prefs(table, k)]
+            foreign = {k: owners for k in step if me not in (owners := prefs(table, k))}
             if foreign:
                 dropped = await _hand_off(node, ms, table, foreign)
                 node.metrics.shed_keys += dropped
@@ -105,16 +106,16 @@ async def shed(node: Node, ms: Membership) -> int:
     return kept
 
 
-async def _hand_off(node: Node, ms: Membership, table: str, keys: list[str]) -> int:
-    """Send the entries of ``keys`` to every member of their sets; drop the ones all of them
-    took. How many were dropped."""
-    shards, prefs = node.state.shards, node.ring.preference_list
-    sent: dict[str, Any] = {}
+async def _hand_off(node: Node, ms: Membership, table: str,
+                    keys: dict[str, tuple[str, ...]]) -> int:
+    """Send the entries of ``keys`` to every member of their sets (``keys``: key -> its
+    replica set); drop the ones all of them took. How many were dropped."""
+    shards = node.state.shards
+    sent: dict[str, CounterEntry] = {}
     to: dict[str, list[list[Any]]] = {}
-    for key in keys:
+    for key, owners in keys.items():
         if shards.has_hidden(table, key):
             continue  # an op of it in doubt here: settle first
-        owners = prefs(table, key)
         if not all(r in node.links and node.is_live(r) for r in owners):
             continue
         entry = sent[key] = shards.entry(table, key)
@@ -132,5 +133,5 @@ async def _hand_off(node: Node, ms: Membership, table: str, keys: list[str]) -> 
     if node.membership is not ms:
         return 0
     taken = [k for k, e in sent.items()
-             if not failed.intersection(prefs(table, k)) and shards.entry(table, k) == e]
+             if not failed.intersection(keys[k]) and shards.entry(table, k) == e]
     return shards.drop(table, taken)
