@@ -296,14 +296,20 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-async def ring_version(node: Any) -> tuple[int, bool]:
-    """A node's membership version and whether a move is under way (``/v1/ring``)."""
+async def ring_view(node: Any) -> dict[str, Any]:
+    """A node's ``/v1/ring``."""
     conn = await HttpConn.open(node.host, node.port)
     try:
         status, body = await conn.request("GET", "/v1/ring", b"", "application/json")
     finally:
         await conn.close()
-    view = json.loads(body)
+    view: dict[str, Any] = json.loads(body)
+    return view
+
+
+async def ring_version(node: Any) -> tuple[int, bool]:
+    """A node's membership version and whether a move is under way (``/v1/ring``)."""
+    view = await ring_view(node)
     return view["version"], view["move"] is not None
 
 
@@ -325,14 +331,7 @@ async def wait_shed(nodes: list[Any], version: int, timeout: float) -> dict[str,
     t0 = time.monotonic()
     before = {n.id: metric(await metrics_text(n.host, n.port), "idc_counters") for n in nodes}
     while time.monotonic() - t0 < timeout:
-        views = []
-        for n in nodes:
-            conn = await HttpConn.open(n.host, n.port)
-            try:
-                views.append(json.loads((await conn.request("GET", "/v1/ring", b"",
-                                                            "application/json"))[1])["shed"])
-            finally:
-                await conn.close()
+        views = [(await ring_view(n))["shed"] for n in nodes]
         if all(v["done_version"] >= version for v in views):
             after = {n.id: metric(await metrics_text(n.host, n.port), "idc_counters")
                      for n in nodes}
