@@ -107,13 +107,17 @@ async def settled(client: Client, urls: list[str], version: int) -> bool:
     return True
 
 
+def counters(metrics: bytes) -> float:
+    """``idc_counters`` (the keys a node holds) from its ``/metrics`` page."""
+    return next(float(ln.split()[-1]) for ln in metrics.decode().splitlines()
+                if ln.startswith("idc_counters "))
+
+
 async def on_their_replicas_only(client: Client, nodes: list[Any], placement: Any) -> bool:
     """Each node holds exactly the keys of ``KEYS`` that ``placement`` gives it."""
     for n in nodes:
         _, metrics = await client.get(f"{n.url}/metrics")
-        held = next(float(ln.split()[-1]) for ln in metrics.decode().splitlines()
-                    if ln.startswith("idc_counters "))
-        if held != sum(n.id in placement.preference_list("t", k) for k in KEYS):
+        if counters(metrics) != sum(n.id in placement.preference_list("t", k) for k in KEYS):
             return False
     return True
 
@@ -173,8 +177,7 @@ async def test_join_then_decommission_under_load_counts_every_op_once() -> None:
             assert status == 410 or body.get("duplicate") is True, (op_id, body)
         status, metrics = await client.get(f"{n4.url}/metrics")
         assert "idc_ring_version 4" in metrics.decode()  # join, new sets serve, normal
-        gained = [ln for ln in metrics.decode().splitlines() if ln.startswith("idc_counters")]
-        assert gained and float(gained[0].split()[-1]) > 0, gained
+        assert counters(metrics) > 0  # n4 gained keys
         # n1..n3 hand the keys that moved to n4 off and drop them: RF copies of every key
         nodes = [*cluster.nodes.values()]
 
