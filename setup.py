@@ -1,9 +1,12 @@
-"""The optional compiled FBF kernel (``cluster/core/fbf/_kernel.pyx``); everything else is in
-pyproject.toml.
+"""The optional compiled kernels; everything else is in pyproject.toml.
 
-The kernel is optional: without Cython, without a C compiler, or when the compile fails, the
-install still succeeds (with a warning) and the FBF runs its numpy path, which gives the same bits
-and answers. ``IDC_FBF_KERNEL=0`` forces that path at run time (``cluster.core.fbf.hotpath``).
+- ``cluster/core/fbf/_kernel.pyx``: the FBF's check+insert. Without it the FBF runs its numpy
+  path, which gives the same bits and answers (``IDC_FBF_KERNEL=0`` forces that path).
+- ``cluster/core/_store.pyx``: the shard store's hot methods. Without it the store runs its
+  Python methods, the reference (``IDC_STORE_KERNEL=0`` forces them).
+
+Both are optional: without Cython, without a C compiler, or when a compile fails, the install
+still succeeds (with a warning) and the Python paths run.
 """
 
 from __future__ import annotations
@@ -13,16 +16,16 @@ import sys
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-KERNEL = "cluster.core.fbf._kernel"
+KERNELS = "cluster.core.fbf._kernel, cluster.core._store"
 
 
 def _warn(why: object) -> None:
-    print(f"WARNING: the FBF kernel ({KERNEL}) is not built, the numpy path will run: {why}",
+    print(f"WARNING: a compiled kernel ({KERNELS}) is not built, its Python path will run: {why}",
           file=sys.stderr)
 
 
 class OptionalBuildExt(build_ext):
-    """build_ext that warns instead of failing: the kernel only makes the FBF faster."""
+    """build_ext that warns instead of failing: a kernel only makes its path faster."""
 
     def run(self) -> None:
         try:
@@ -38,15 +41,17 @@ class OptionalBuildExt(build_ext):
 
 
 def _extensions() -> list[Extension]:
-    ext = Extension(KERNEL, ["cluster/core/fbf/_kernel.pyx"], include_dirs=["cluster/core/fbf"],
-                    depends=["cluster/core/fbf/_murmur3.h"], optional=True)
+    exts = [Extension(name, [source], include_dirs=["cluster/core/fbf"],
+                      depends=["cluster/core/fbf/_murmur3.h"], optional=True)
+            for name, source in (("cluster.core.fbf._kernel", "cluster/core/fbf/_kernel.pyx"),
+                                 ("cluster.core._store", "cluster/core/_store.pyx"))]
     try:
         from Cython.Build import cythonize
     except ImportError:
         _warn("Cython is not installed")
         return []
     try:
-        return list(cythonize([ext], compiler_directives={"language_level": "3"}, quiet=True))
+        return list(cythonize(exts, compiler_directives={"language_level": "3"}, quiet=True))
     except Exception as exc:
         _warn(exc)
         return []

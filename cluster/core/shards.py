@@ -46,6 +46,7 @@ from cluster.core.digests import (
 from cluster.core.entry import CounterEntry, Pair
 from cluster.core.ops import ItemFields
 from cluster.core.pages import MAX_ORIGINS, Page
+from cluster.core.store_kernel import install
 
 
 class ShardStore:
@@ -527,5 +528,7 @@ class ShardStore:
 
     __hash__ = None  # type: ignore[assignment]
 
+
+install(ShardStore)  # the compiled merge_items, apply_hidden and unhide, when built (store_kernel)
 
 __all__ = ["CounterEntry", "Pair", "ShardStore"]

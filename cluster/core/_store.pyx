@@ -1,0 +1,440 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: initializedcheck=False, embedsignature=True
+"""The shard store's hot methods compiled (optional): ``ShardStore.merge_items`` (a replica's
+batch), ``apply_hidden`` (a leader's new op) and ``unhide`` (its publication).
+
+The same data and the same results as the Python methods in ``cluster.core.shards``, which stay
+the reference (``tests/test_store_kernel.py`` runs both on the same programs): the pages'
+buffers (``cluster.core.pages``) read and written in place, a key found by walking its page's
+names, an entry by bisecting ``who``, and a changed pair's digest move (``pair_hash``: msgpack
+of ``[key, origin, P, N]``, MurmurHash3 x64 128) and the digest tree's sums done here, without
+a Python call per op. ``shards`` binds these in place of its methods when the module is built
+and agrees with its own hashes; ``IDC_STORE_KERNEL=0`` keeps the Python ones.
+"""
+
+cimport cython
+from cpython cimport array
+from cpython.object cimport PyObject
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memchr, memcmp, memcpy
+
+from cluster.core.digests import BUCKETS, LEAVES, LEVELS, SEED, _Group
+from cluster.core.pages import MAX_ORIGINS, ORIGIN_BITS, Page
+
+
+cdef extern from "Python.h":
+    const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
+
+cdef extern from "_murmur3.h" nogil:
+    void idc_murmur3_x64_128(const void *key, size_t len, uint32_t seed,
+                             uint64_t *out1, uint64_t *out2)
+
+cdef enum:
+    STACK = 512  # bytes of a hashed message kept on the stack; longer ones are allocated
+
+if LEVELS != (BUCKETS, 4096, 65536) or ORIGIN_BITS != 16 or MAX_ORIGINS != 1 << 16:
+    raise ImportError("the store kernel is built for the digest tree (64, 4096, 65536) and "
+                      "16-bit origin numbers")
+
+cdef uint32_t _SEED = SEED
+cdef long _LEAVES = LEAVES
+
+
+# -- hashes (``cluster.core.digests.key_hash`` and ``pair_hash``) ------------------------------
+
+cdef inline uint32_t _rotl32(uint32_t x, int r) noexcept nogil:
+    return (x << r) | (x >> (32 - r))
+
+
+cdef uint32_t _murmur3_32(const uint8_t *data, Py_ssize_t n, uint32_t seed) noexcept nogil:
+    """MurmurHash3 x86 32 (Austin Appleby, public domain): ``mmh3.hash``'s function."""
+    cdef uint32_t h = seed, k
+    cdef uint32_t c1 = 0xcc9e2d51U, c2 = 0x1b873593U
+    cdef Py_ssize_t i, nblocks = n // 4
+    for i in range(nblocks):
+        k = (<uint32_t>data[4 * i] | <uint32_t>data[4 * i + 1] << 8
+             | <uint32_t>data[4 * i + 2] << 16 | <uint32_t>data[4 * i + 3] << 24)
+        k *= c1
+        k = _rotl32(k, 15)
+        k *= c2
+        h ^= k
+        h = _rotl32(h, 13)
+        h = h * 5 + 0xe6546b64U
+    cdef const uint8_t *tail = data + 4 * nblocks
+    cdef int rest = n & 3
+    k = 0
+    if rest == 3:
+        k ^= <uint32_t>tail[2] << 16
+    if rest >= 2:
+        k ^= <uint32_t>tail[1] << 8
+    if rest >= 1:
+        k ^= tail[0]
+        k *= c1
+        k = _rotl32(k, 15)
+        k *= c2
+        h ^= k
+    h ^= <uint32_t>n
+    h ^= h >> 16
+    h *= 0x85ebca6bU
+    h ^= h >> 13
+    h *= 0xc2b2ae35U
+    h ^= h >> 16
+    return h
+
+
+cdef uint32_t _key_hash(str table, str key) except? 0:
+    """``mmh3.hash(f"{table}/{key}", SEED)`` without building the string."""
+    cdef Py_ssize_t nt, nk
+    cdef const char *t = PyUnicode_AsUTF8AndSize(table, &nt)
+    cdef const char *k = PyUnicode_AsUTF8AndSize(key, &nk)
+    cdef uint8_t stack[STACK]
+    cdef Py_ssize_t n = nt + 1 + nk
+    cdef uint8_t *buf = &stack[0] if n <= STACK else <uint8_t *>malloc(n)
+    if buf == NULL:
+        raise MemoryError()
+    memcpy(buf, t, nt)
+    buf[nt] = b'/'
+    memcpy(buf + nt + 1, k, nk)
+    cdef uint32_t h = _murmur3_32(buf, n, _SEED)
+    if buf != &stack[0]:
+        free(buf)
+    return h
+
+
+cdef inline Py_ssize_t _pack_str(uint8_t *out, const char *s, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i = 0
+    if n < 32:
+        out[0] = 0xa0 | <uint8_t>n
+        i = 1
+    elif n < 256:
+        out[0] = 0xd9
+        out[1] = <uint8_t>n
+        i = 2
+    elif n < 65536:
+        out[0] = 0xda
+        out[1] = <uint8_t>(n >> 8)
+        out[2] = <uint8_t>n
+        i = 3
+    else:
+        out[0] = 0xdb
+        out[1] = <uint8_t>(n >> 24)
+        out[2] = <uint8_t>(n >> 16)
+        out[3] = <uint8_t>(n >> 8)
+        out[4] = <uint8_t>n
+        i = 5
+    memcpy(out + i, s, n)
+    return i + n
+
+
+cdef inline Py_ssize_t _pack_uint(uint8_t *out, uint64_t v) noexcept nogil:
+    cdef int size, b
+    if v < 128:
+        out[0] = <uint8_t>v
+        return 1
+    if v < 256:
+        out[0] = 0xcc
+        size = 1
+    elif v < 65536:
+        out[0] = 0xcd
+        size = 2
+    elif v < 4294967296ULL:
+        out[0] = 0xce
+        size = 4
+    else:
+        out[0] = 0xcf
+        size = 8
+    for b in range(size):
+        out[1 + b] = <uint8_t>(v >> (8 * (size - 1 - b)))
+    return 1 + size
+
+
+cdef uint64_t _pair_hash(const char *k, Py_ssize_t nk, const char *o, Py_ssize_t no,
+                         uint64_t p, uint64_t n) except? 0:
+    """``cluster.core.digests.pair_hash``: msgpack's bytes of ``(key, origin, p, n)``."""
+    if p == 0 and n == 0:
+        return 0
+    cdef uint8_t stack[STACK]
+    cdef Py_ssize_t size = 1 + 5 + nk + 5 + no + 9 + 9, at
+    cdef uint8_t *buf = &stack[0] if size <= STACK else <uint8_t *>malloc(size)
+    if buf == NULL:
+        raise MemoryError()
+    buf[0] = 0x94  # an array of 4
+    at = 1
+    at += _pack_str(buf + at, k, nk)
+    at += _pack_str(buf + at, o, no)
+    at += _pack_uint(buf + at, p)
+    at += _pack_uint(buf + at, n)
+    cdef uint64_t h1, h2
+    idc_murmur3_x64_128(buf, at, _SEED, &h1, &h2)
+    if buf != &stack[0]:
+        free(buf)
+    return h1
+
+
+def key_hash(str table, str key) -> int:
+    """``cluster.core.digests.key_hash`` (what ``shards`` checks this module against)."""
+    return _key_hash(table, key)
+
+
+def pair_hash(str key, str origin, uint64_t p, uint64_t n) -> int:
+    """``cluster.core.digests.pair_hash``."""
+    cdef Py_ssize_t nk, no
+    cdef const char *k = PyUnicode_AsUTF8AndSize(key, &nk)
+    cdef const char *o = PyUnicode_AsUTF8AndSize(origin, &no)
+    return _pair_hash(k, nk, o, no, p, n)
+
+
+# -- pages (``cluster.core.pages.Page.find`` and ``slot``) ------------------------------------
+
+cdef Py_ssize_t _find(bytes keys, const char *name, Py_ssize_t n) except? -2:
+    """The key number of ``name`` in a page's ``keys`` (``\\0k0\\0k1\\0...\\0``), -1 if absent."""
+    cdef const char *base = keys
+    cdef Py_ssize_t size = len(keys), at = 0, r = 0
+    cdef const char *nxt
+    while at + n + 1 < size:  # ``at`` is a separator, a name starts after it
+        if memcmp(base + at + 1, name, n) == 0 and base[at + 1 + n] == 0:
+            return r
+        nxt = <const char *>memchr(base + at + 1, 0, size - at - 1)
+        if nxt == NULL:
+            return -1
+        at = nxt - base
+        r += 1
+    return -1
+
+
+cdef Py_ssize_t _slot(array.array who, uint64_t w) noexcept:
+    """The index of ``w`` in ``who`` (sorted), ``~j`` when absent (``j``: where it goes)."""
+    cdef const uint64_t *a = <const uint64_t *>who.data.as_ulonglongs
+    cdef Py_ssize_t lo = 0, hi = len(who), mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if a[mid] < w:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo < len(who) and a[lo] == w:
+        return lo
+    return ~lo
+
+
+cdef struct Loc:
+    # where one (key, origin) entry lives, valid until the page next changes shape
+    PyObject *page  # borrowed: its table's dict of pages holds it
+    uint64_t *pn
+    Py_ssize_t j, r
+    long leaf
+
+
+@cython.final
+cdef class _Store:
+    """What one call reads of the store, looked up once (a batch's items share it)."""
+    cdef object store, own_name, group_of
+    cdef dict tables, index, hidden, dtables
+    cdef bint tracking
+    cdef Py_ssize_t own
+    # the digest group of the last key moved, when every key is in one (no ``group_of``)
+    cdef object last_table, group
+    cdef list sums
+    cdef dict below1, below2
+
+    def __cinit__(self, store):
+        self.store = store
+        self.tables, self.index, self.hidden = store._tables, store._index, store._hidden
+        self.tracking = store._tracking
+        self.own, self.own_name = store._own, store.own
+        digests = store.digests
+        self.dtables, self.group_of = digests._tables, digests.group_of
+
+    cdef int locate(self, str table, str key, Py_ssize_t o, bint create, Loc *at) except -1:
+        """``ShardStore._slot`` (``create``), or its lookup alone: 0 when the store holds no
+        entry of origin number ``o`` for the key, else 1 and ``at`` filled."""
+        pages = self.tables.get(table)
+        if pages is None:
+            if not create:
+                return 0
+            pages = self.tables[table] = {}
+        cdef long leaf = _key_hash(table, key) % _LEAVES
+        page = pages.get(leaf)
+        if page is None:
+            if not create:
+                return 0
+            page = pages[leaf] = Page()
+        cdef Py_ssize_t nk
+        cdef const char *k = PyUnicode_AsUTF8AndSize(key, &nk)
+        cdef Py_ssize_t r = _find(page.keys, k, nk)
+        if r < 0:
+            if not create:
+                return 0
+            r = page.add(key.encode())
+            self.store.keys += 1
+        cdef Py_ssize_t j = _slot(page.who, (<uint64_t>r << 16) | <uint64_t>o)
+        if j < 0:
+            if not create:
+                return 0
+            j = ~j
+            page.insert(j, r, o)
+        cdef array.array pn = page.pn
+        at.page, at.pn, at.j, at.r, at.leaf = <PyObject *>page, <uint64_t *>pn.data.as_ulonglongs, j, r, leaf
+        return 1
+
+    # -- digest moves (``ShardStore._moved``, ``_move``; ``Digests.update``; ``_Group.add``) ---
+
+    cdef int moved(self, str table, str key, Loc *at, str origin, uint64_t p0, uint64_t n0,
+                   uint64_t p1, uint64_t n1) except -1:
+        """``origin``'s pair as applied here moved: its visible part (hidden deltas out)
+        moves."""
+        if not self.tracking:
+            return 0
+        cdef uint64_t h0, h1
+        if self.hidden:
+            by_origin = self.hidden.get((table, key))
+            if by_origin is not None:
+                hid = by_origin.get(origin)
+                if hid is not None:
+                    h0, h1 = hid[0], hid[1]
+                    p0, n0 = _less(p0, h0), _less(n0, h1)
+                    p1, n1 = _less(p1, h0), _less(n1, h1)
+        return self.move(table, key, at, origin, p0, n0, p1, n1)
+
+    cdef int move(self, str table, str key, Loc *at, str origin, uint64_t p0, uint64_t n0,
+                  uint64_t p1, uint64_t n1) except -1:
+        """``origin``'s visible pair of the key went from (p0, n0) to (p1, n1)."""
+        if p0 == p1 and n0 == n1:
+            return 0
+        cdef Py_ssize_t nk, no
+        cdef const char *k = PyUnicode_AsUTF8AndSize(key, &nk)
+        cdef const char *o = PyUnicode_AsUTF8AndSize(origin, &no)
+        cdef array.array hashes = (<object>at.page).hashes
+        cdef uint64_t *h = <uint64_t *>hashes.data.as_ulonglongs
+        cdef uint64_t old = h[at.r]
+        cdef uint64_t new = (old + _pair_hash(k, nk, o, no, p1, n1)
+                             - _pair_hash(k, nk, o, no, p0, n0))
+        h[at.r] = new
+        if self.group_of is not None or table is not self.last_table:
+            self.find_group(table, key)
+        if (new != 0) != (old != 0):
+            self.group.size += (new != 0) - (old != 0)
+        cdef uint64_t delta = new - old
+        cdef long b = at.leaf % 64
+        self.sums[b] = <uint64_t>(<uint64_t>self.sums[b] + delta)
+        _level_add(self.below1, at.leaf % 4096, delta)
+        _level_add(self.below2, at.leaf, delta)
+        return 0
+
+    cdef int find_group(self, str table, str key) except -1:
+        groups = self.dtables.get(table)
+        if groups is None:
+            groups = self.dtables[table] = {}
+        gid = self.group_of(table, key) if self.group_of is not None else None
+        g = groups.get(gid)
+        if g is None:
+            g = groups[gid] = _Group()
+        self.last_table, self.group, self.sums = table, g, g.sums
+        below = g.below
+        self.below1, self.below2 = below[0], below[1]
+        return 0
+
+
+cdef inline uint64_t _magnitude(int64_t delta) noexcept nogil:
+    return <uint64_t>delta if delta >= 0 else <uint64_t>(-(delta + 1)) + 1
+
+
+cdef inline uint64_t _less(uint64_t a, uint64_t b) noexcept nogil:
+    return a - b if a > b else 0
+
+
+cdef inline int _level_add(dict level, long node, uint64_t delta) except -1:
+    got = level.get(node)
+    cdef uint64_t s = (<uint64_t>got if got is not None else 0) + delta
+    if s:
+        level[node] = s
+    elif got is not None:
+        del level[node]  # empty (or keys summing to 0 mod 2**64: read as 0 anyway)
+    return 0
+
+
+# -- the store's methods ------------------------------------------------------------------------
+
+def merge_items(store, items) -> None:
+    """``ShardStore.merge_items``: max-merge each item's pair (``cluster.core.ops.Item``'s
+    fields: op id, table, key, origin, P, N, delta, ts)."""
+    cdef _Store st = _Store(store)
+    cdef dict index = st.index
+    cdef Loc at
+    cdef uint64_t p, n, p0, n0
+    cdef Py_ssize_t j
+    cdef str table, key, origin
+    for item in items:
+        if len(item) != 8:
+            raise ValueError(f"an item has 8 fields, not {len(item)}")
+        table, key, origin = item[1], item[2], item[3]
+        p, n = item[4], item[5]
+        o = index.get(origin)
+        if o is None:
+            o = store._origin(origin)
+        st.locate(table, key, o, True, &at)
+        j = 2 * at.j
+        p0, n0 = at.pn[j], at.pn[j + 1]
+        if p > p0 or n > n0:
+            if p < p0:
+                p = p0
+            if n < n0:
+                n = n0
+            at.pn[j], at.pn[j + 1] = p, n
+            st.moved(table, key, &at, origin, p0, n0, p, n)
+
+
+def apply_hidden(store, str table, str key, int64_t delta):
+    """``ShardStore.apply_hidden``: raise the own pair by ``delta`` and hide it; the new pair."""
+    cdef _Store st = _Store(store)
+    cdef Loc at
+    st.locate(table, key, st.own, True, &at)
+    k = (table, key)
+    by_origin = st.hidden.get(k)
+    if by_origin is None:
+        by_origin = st.hidden[k] = {}
+    hid = by_origin.get(st.own_name)
+    if hid is None:
+        hid = by_origin[st.own_name] = [0, 0]
+    cdef uint64_t size = _magnitude(delta)
+    cdef Py_ssize_t side = 2 * at.j + (0 if delta >= 0 else 1)
+    if at.pn[side] + size < at.pn[side]:
+        raise OverflowError("a count would pass 2**64 - 1")
+    at.pn[side] += size
+    hid[0 if delta >= 0 else 1] += size
+    return at.pn[2 * at.j], at.pn[2 * at.j + 1]
+
+
+def unhide(store, str table, str key, str origin, int64_t delta) -> None:
+    """``ShardStore.unhide``: ``delta`` is published (or compensated), visible again."""
+    cdef dict hidden = store._hidden
+    k = (table, key)
+    by_origin = hidden.get(k)
+    if by_origin is None:
+        return
+    pair = by_origin.get(origin)
+    if pair is None:
+        return
+    cdef uint64_t b0 = pair[0], b1 = pair[1], a0, a1
+    if delta >= 0:
+        pair[0] = a0 = _less(b0, _magnitude(delta))
+        a1 = b1
+    else:
+        pair[1] = a1 = _less(b1, _magnitude(delta))
+        a0 = b0
+    if a0 == 0 and a1 == 0:
+        del by_origin[origin]
+        if not by_origin:
+            del hidden[k]
+    if not store._tracking:
+        return
+    o = store._index.get(origin)
+    if o is None:
+        return
+    cdef _Store st = _Store(store)
+    cdef Loc at
+    if not st.locate(table, key, o, False, &at):
+        return  # nothing applied: (0, 0) visible either way
+    cdef uint64_t p = at.pn[2 * at.j], n = at.pn[2 * at.j + 1]
+    st.move(table, key, &at, origin, _less(p, b0), _less(n, b1), _less(p, a0), _less(n, a1))

@@ -1,0 +1,57 @@
+"""The choice between ``ShardStore``'s Python hot methods and their compiled twins.
+
+``cluster/core/_store.pyx`` compiles ``merge_items``, ``apply_hidden`` and ``unhide`` over the
+same pages and digests (``pip install`` builds it where a C compiler is; ``setup.py``). The
+Python methods stay the reference: ``tests/test_store_kernel.py`` runs both on the same
+programs. ``install`` binds the compiled ones in place of the Python ones when the module is
+built, its hashes agree with ``cluster.core.digests`` on this platform, and ``IDC_STORE_KERNEL``
+is not ``0``. ``KERNEL`` says which runs (``"c"`` or ``"python"``), ``REASON`` why not C.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+from cluster.core.digests import key_hash, pair_hash
+
+ENV = "IDC_STORE_KERNEL"
+METHODS = ("merge_items", "apply_hidden", "unhide")
+
+# the Python methods, by name, once ``install`` has replaced them (the reference's twin tests)
+PYTHON: dict[str, Any] = {}
+
+
+def _load() -> tuple[Any, str]:
+    """The compiled module, or None and why not."""
+    if os.environ.get(ENV, "").strip().lower() in ("0", "false", "no", "off"):
+        return None, f"switched off ({ENV}=0)"
+    try:
+        mod = importlib.import_module("cluster.core._store")
+    except ImportError as exc:
+        return None, f"not built ({exc}; `pip install -e .` builds it where a C compiler is)"
+    names = ("", "k", "likes/post-7", "ü-€-𝄞", "x" * 31, "x" * 32, "x" * 255, "x" * 256,
+             "x" * 600)
+    counts = (0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**64 - 1)
+    for a in names:
+        if mod.key_hash("t", a) != key_hash("t", a) or mod.key_hash(a, "k") != key_hash(a, "k"):
+            return None, "its MurmurHash3 x86 32 differs from mmh3's on this platform"
+        for p in counts:
+            if mod.pair_hash(a, "n1@1", p, 1) != pair_hash(a, "n1@1", p, 1) \
+                    or mod.pair_hash("k", a, 0, p) != pair_hash("k", a, 0, p):
+                return None, "its pair hash differs from msgpack + mmh3 on this platform"
+    return mod, ""
+
+
+_KERNEL_MODULE, REASON = _load()
+KERNEL = "c" if _KERNEL_MODULE is not None else "python"
+
+
+def install(cls: type) -> None:
+    """Bind the compiled methods on ``cls`` (``ShardStore``) when they are usable; the Python
+    ones are kept in ``PYTHON`` either way."""
+    for name in METHODS:
+        PYTHON[name] = cls.__dict__[name]
+        if _KERNEL_MODULE is not None:
+            setattr(cls, name, getattr(_KERNEL_MODULE, name))
