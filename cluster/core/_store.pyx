@@ -234,9 +234,10 @@ cdef class _Store:
     cdef bint tracking
     cdef Py_ssize_t own
     # the digest group of the last key moved, when every key is in one (no ``group_of``)
-    cdef object last_table, group
+    cdef str last_table
+    cdef object group
     cdef list sums
-    cdef dict below1, below2
+    cdef dict below1
 
     def __cinit__(self, store):
         self.store = store
@@ -311,7 +312,7 @@ cdef class _Store:
         cdef uint64_t new = (old + _pair_hash(k, nk, o, no, p1, n1)
                              - _pair_hash(k, nk, o, no, p0, n0))
         h[at.r] = new
-        if self.group_of is not None or table is not self.last_table:
+        if self.group_of is not None or self.group is None or table != self.last_table:
             self.find_group(table, key)
         if (new != 0) != (old != 0):
             self.group.size += (new != 0) - (old != 0)
@@ -319,7 +320,6 @@ cdef class _Store:
         cdef long b = at.leaf % 64
         self.sums[b] = <uint64_t>(<uint64_t>self.sums[b] + delta)
         _level_add(self.below1, at.leaf % 4096, delta)
-        _level_add(self.below2, at.leaf, delta)
         return 0
 
     cdef int find_group(self, str table, str key) except -1:
@@ -332,7 +332,7 @@ cdef class _Store:
             g = groups[gid] = _Group()
         self.last_table, self.group, self.sums = table, g, g.sums
         below = g.below
-        self.below1, self.below2 = below[0], below[1]
+        self.below1 = below[0]  # the leaves' sums are read from their pages (digests)
         return 0
 
 
@@ -345,6 +345,7 @@ cdef inline uint64_t _less(uint64_t a, uint64_t b) noexcept nogil:
 
 
 cdef inline int _level_add(dict level, long node, uint64_t delta) except -1:
+    """``_Group.add`` at one level kept as a dict (node id -> sum, nonzero only)."""
     got = level.get(node)
     cdef uint64_t s = (<uint64_t>got if got is not None else 0) + delta
     if s:

@@ -1,6 +1,7 @@
 """Anti-entropy digests kept up to date in place: per table and replica group, ``BUCKETS``
 64-bit sums of one hash per key and a tree of finer sums below them (``LEVELS``). The keys of
-each leaf, with their hashes, are read from the owner (``Index``: ``ShardStore``'s pages).
+each leaf, with their hashes, are read from the owner (``Index``: ``ShardStore``'s pages), and
+so is each leaf's sum, when asked for.
 
 A key's hash is the sum mod 2**64 of one MurmurHash3 (x64, fixed seed) per pair of its
 *visible* entry (``ShardStore.entry``), of ``msgpack([key, origin, P, N])``; a bucket's digest
@@ -68,23 +69,25 @@ def entry_hash(key: str, pairs: Iterable[tuple[str, tuple[int, int]]]) -> int:
 
 
 class _Group:
-    """One table's keys of one replica group: the bucket sums, the sums of every level below
-    (``below[i - 1]``: node id at level i -> sum, nonzero only; a node's children are found by
-    id, ``child % parent level == parent``), and how many keys are indexed. The keys themselves
-    and their hashes live in the owner's pages (``Index``), one per leaf."""
+    """One table's keys of one replica group: the bucket sums, the sums of the levels between
+    the buckets and the leaves (``below[i - 1]``: node id at level i -> sum, nonzero only; a
+    node's children are found by id, ``child % parent level == parent``), and how many keys are
+    indexed. A leaf's sum is not kept: it is read from the owner's page of that leaf
+    (``Index``), which holds the leaf's keys and their hashes, when anti-entropy asks for it;
+    that spares every write a dict of up to ``LEAVES`` sums per group (~5 MB when full)."""
 
     __slots__ = ("sums", "below", "size")
 
     def __init__(self) -> None:
         self.sums = [0] * BUCKETS
-        self.below: list[dict[int, int]] = [{} for _ in LEVELS[1:]]
+        self.below: list[dict[int, int]] = [{} for _ in LEVELS[1:-1]]
         self.size = 0
 
     def add(self, pos: int, delta: int) -> None:
-        """Add ``delta`` (mod 2**64) to every level's node holding position ``pos``."""
+        """Add ``delta`` (mod 2**64) to every kept level's node holding position ``pos``."""
         b = pos % BUCKETS
         self.sums[b] = (self.sums[b] + delta) & MASK
-        for sums, mod in zip(self.below, LEVELS[1:]):  # noqa: B905 - same length by build
+        for sums, mod in zip(self.below, LEVELS[1:-1]):  # noqa: B905 - same length by build
             node = pos % mod
             s = (sums.get(node, 0) + delta) & MASK
             if s:
@@ -158,6 +161,14 @@ class Digests:
         ``level - 1``) of ``table``, over the keys ``peer`` also replicates."""
         step, mod = LEVELS[level - 1], LEVELS[level]
         out: dict[int, int] = {}
+        if level == len(LEVELS) - 1:  # the leaves: summed from their pages
+            for parent in parents:
+                for leaf in range(parent, mod, step):
+                    s = sum(h for key, h in self.index.leaf(table, leaf)
+                            if self._shared(table, key, peer)) & MASK
+                    if s:
+                        out[leaf] = s
+            return out
         for g in self._groups(table, peer):
             sums = g.below[level - 1]
             for parent in parents:
