@@ -164,10 +164,10 @@ class Digests:
         if level == len(LEVELS) - 1:  # the leaves: summed from their pages
             for parent in parents:
                 for leaf in range(parent, mod, step):
-                    s = sum(h for key, h in self.index.leaf(table, leaf)
-                            if self._shared(table, key, peer)) & MASK
-                    if s:
-                        out[leaf] = s
+                    total = sum(h for key, h in self.index.leaf(table, leaf)
+                                if self._shared(table, key, peer)) & MASK
+                    if total:
+                        out[leaf] = total
             return out
         for g in self._groups(table, peer):
             sums = g.below[level - 1]
