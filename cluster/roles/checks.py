@@ -106,12 +106,27 @@ def lease(node: Node, table: str) -> float:
     return min(2 * node.config.quorum_timeout, claim_life(node, table) / 2)
 
 
-def claims_needed(node: Node) -> int:
+def claims_needed(node: Node, table: str | None = None, key: str | None = None) -> int:
     """Other replicas whose claim a check needs: a majority of the key's replicas with this
     node (two checks then share a replica, which claims the op for one of them only), and at
-    least RF - W (any W replicas that acked the op intersect them)."""
+    least RF - W (any W replicas that acked the op intersect them); plus one for each member
+    gaining the key in a move under way. Then, as without a move, at most RF - 1 - that many
+    of the others are not heard, so a copy of an op in doubt elsewhere is found unless it is
+    only in its own leader: a leader writes to the gaining members too, and without their
+    claims a check would pass on the old set alone while a gainer held such a copy; anti-
+    entropy then spread that copy's pair to the replicas, which hid from the leader's settling
+    that another node had applied the op, and both applications stood (the simulator's seed
+    3075: a join, partitions and crashes, an op counted twice)."""
     rf = node.ring.rf
-    return max(rf - node.config.quorum, rf // 2)
+    extra = 0 if table is None or key is None else max(0, len(_write_set(node, table, key)) - rf)
+    return max(rf - node.config.quorum, rf // 2) + extra
+
+
+def _write_set(node: Node, table: str, key: str) -> tuple[str, ...]:
+    """The key's replicas, and while a move is under way the members gaining it
+    (``cluster.core.membership.Placement.write_set``; a plain ring has no moves)."""
+    ring = node.ring
+    return getattr(ring, "write_set", ring.preference_list)(table, key)  # type: ignore[no-any-return]
 
 
 async def ask_holds(node: Node, table: str, key: str, op_id: str, born: float | None
@@ -119,8 +134,9 @@ async def ask_holds(node: Node, table: str, key: str, op_id: str, born: float | 
     """Ask the key's other replicas about ``op_id`` and claim it there (see ``Claims``): the
     answers of those that answered in time, as (node, HELD/IN_DOUBT/WITHDRAWN/BUSY/FORGOT/0,
     applied it after a check, entry of the key); 0 is a claim. ``born``: when the op was
-    first sent, if known (a replica that restarted since then cannot have promised it)."""
-    others = [r for r in node.ring.preference_list(table, key) if r != node.id]
+    first sent, if known (a replica that restarted since then cannot have promised it).
+    While a move is under way, the members gaining the key are asked too (``_write_set``)."""
+    others = [r for r in _write_set(node, table, key) if r != node.id]
     item = [table, key, op_id, CLAIM] if born is None else [table, key, op_id, CLAIM, born]
     futs = {r: node.links[r].call(Kind.HOLDS, [item]) for r in others}
     if futs:  # with rf = 1 there is nobody to ask
@@ -285,7 +301,7 @@ async def _check_one(node: Node, op: Op, born: float | None = None
             return _DUPLICATE, deadline
     # Shortly after a restart this node's own claim proves nothing (it may have promised the
     # op to another checker before): the others' claims must then make the majority alone.
-    if len(answers) < claims_needed(node) + node.claims.forgets(born):
+    if len(answers) < claims_needed(node, table, key) + node.claims.forgets(born):
         release_claims(node, table, key, op_id)
         return _UNAVAILABLE, deadline
     return None, deadline
