@@ -370,7 +370,13 @@ def merge_items(store, items) -> None:
         if len(item) != 8:
             raise ValueError(f"an item has 8 fields, not {len(item)}")
         table, key, origin = item[1], item[2], item[3]
-        p, n = item[4], item[5]
+        fp, fn = item[4], item[5]
+        if type(fp) is not int or type(fn) is not int:
+            raise ValueError(f"P and N are integers in [0, 2**64), got ({fp!r}, {fn!r})")
+        try:
+            p, n = fp, fn
+        except OverflowError:
+            raise ValueError(f"P and N are integers in [0, 2**64), got ({fp!r}, {fn!r})") from None
         o = index.get(origin)
         if o is None:
             o = store._origin(origin)
