@@ -9,6 +9,7 @@ import pytest
 import pytest_asyncio
 from cluster_util import Client, running_cluster, wait_until
 
+from cluster.core import store_kernel
 from cluster.core.fbf import hotpath
 from cluster.local import LocalCluster
 
@@ -104,6 +105,7 @@ async def test_health_and_metrics(cluster: LocalCluster, client: Client) -> None
                  "idc_antientropy_rounds_total", "idc_antientropy_bytes_total"):
         assert name in text, name
     assert f'idc_fbf_kernel_info{{kernel="{hotpath.KERNEL}"}} 1' in text
+    assert f'idc_store_kernel_info{{kernel="{store_kernel.KERNEL}"}} 1' in text
     assert "idc_loop_lag_seconds_count " in text
 
     async def lag_sampled() -> bool:  # the loop-lag timer runs from the start, ten a second
