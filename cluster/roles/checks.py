@@ -126,7 +126,7 @@ def _write_set(node: Node, table: str, key: str) -> tuple[str, ...]:
     """The key's replicas, and while a move is under way the members gaining it
     (``cluster.core.membership.Placement.write_set``; a plain ring has no moves)."""
     ring = node.ring
-    return getattr(ring, "write_set", ring.preference_list)(table, key)  # type: ignore[no-any-return]
+    return getattr(ring, "write_set", ring.preference_list)(table, key)
 
 
 async def ask_holds(node: Node, table: str, key: str, op_id: str, born: float | None
