@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
 
 import msgpack
 
+from cluster.core import shard_snapshot
 from cluster.core.digests import (
     LEAVES,
     MASK,
@@ -465,24 +465,11 @@ class ShardStore:
             for name in page.names():
                 yield name.decode()
 
-    # -- snapshots ----------------------------------------------------------------------------
+    # -- snapshots (``cluster.core.shard_snapshot``) ------------------------------------------
 
     def dump_chunks(self, pages_per_chunk: int = 4096) -> Iterator[bytes]:
-        """The store as msgpack chunks of ``[table, leaf, keys, who, pn, ...]``, each encoding
-        up to ``pages_per_chunk`` pages as they are when it is made; then the origins, last (they
-        only grow, so every origin a chunk names is in them). A caller may run other code
-        between chunks: a page changed meanwhile is taken as it is then (``NodeState``'s
-        snapshot relies on pairs only growing), a page created or emptied meanwhile is left out."""
-        todo = [(table, leaf) for table, pages in self._tables.items() for leaf in pages]
-        pack = msgpack.Packer().pack
-        for i in range(0, len(todo), pages_per_chunk):
-            flat: list[Any] = []
-            for table, leaf in todo[i:i + pages_per_chunk]:
-                page = self._tables.get(table, {}).get(leaf)
-                if page is not None:  # else its keys were dropped meanwhile (``drop``)
-                    flat += (table, leaf, *page.dump())
-            yield pack(flat)
-        yield pack({"own": self.own, "origins": self._origins})
+        """The store as msgpack chunks, a caller running other code between them."""
+        return shard_snapshot.dump_chunks(self, pages_per_chunk)
 
     def to_bytes(self) -> bytes:
         return msgpack.packb({"chunks": list(self.dump_chunks())})
@@ -490,35 +477,7 @@ class ShardStore:
     @classmethod
     def from_bytes(cls, data: bytes, own: str) -> ShardStore:
         """Load a snapshot; ``own`` may differ from the snapshot's (a new incarnation)."""
-        blob = msgpack.unpackb(data, strict_map_key=True)
-        if "chunks" not in blob:
-            return cls._from_rows(blob, own)
-        *chunks, tail = blob["chunks"]
-        head = msgpack.unpackb(tail)
-        store = cls(own)
-        store._origins = list(head["origins"])
-        store._index = {name: i for i, name in enumerate(store._origins)}
-        store._own = store._origin(own)
-        for raw in chunks:
-            flat = msgpack.unpackb(raw)
-            for i in range(0, len(flat), 5):
-                table, leaf, keys, who, pn = flat[i:i + 5]
-                page = Page.load(keys, who, pn)
-                store._tables.setdefault(table, {})[leaf] = page
-                store.keys += len(page)
-        store._index_all()
-        return store
-
-    @classmethod
-    def _from_rows(cls, blob: dict[str, Any], own: str) -> ShardStore:
-        """A snapshot of the earlier layout (``{"tables": {table: {key: [P0, N0, ...]}}}``)."""
-        store = cls(own)
-        origins: list[str] = blob["origins"]
-        for table, rows in blob["tables"].items():
-            for key, row in rows.items():
-                for j in range(0, len(row), 2):
-                    if row[j] or row[j + 1]:
-                        store.merge_pair(table, key, origins[j // 2], row[j], row[j + 1])
+        store: ShardStore = shard_snapshot.load(cls, data, own)
         return store
 
     def __eq__(self, other: object) -> bool:

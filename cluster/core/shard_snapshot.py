@@ -1,0 +1,72 @@
+"""``ShardStore``'s snapshot format: its pages as msgpack chunks, and the loading of them.
+
+A snapshot is ``{"chunks": [chunk, ..., tail]}``: each chunk a msgpack list of
+``[table, leaf, keys, who, pn, ...]`` (``cluster.core.pages.Page.dump``, five fields a page),
+the tail ``{"own", "origins"}``, the store's origin names in number order. The earlier layout
+``{"tables": {table: {key: [P0, N0, ...]}}, "origins": [...]}`` still loads. The store's methods
+(``dump_chunks``, ``to_bytes``, ``from_bytes``) call these; they read and set its private state,
+as its own methods would. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+
+from cluster.core.pages import Page
+
+
+def dump_chunks(store: Any, pages_per_chunk: int) -> Iterator[bytes]:
+    """The store as chunks, each encoding up to ``pages_per_chunk`` pages as they are when it
+    is made; then the origins, last (they only grow, so every origin a chunk names is in them).
+    A caller may run other code between chunks: a page changed meanwhile is taken as it is then
+    (``NodeState``'s snapshot relies on pairs only growing), a page created or emptied meanwhile
+    is left out."""
+    tables = store._tables
+    todo = [(table, leaf) for table, pages in tables.items() for leaf in pages]
+    pack = msgpack.Packer().pack
+    for i in range(0, len(todo), pages_per_chunk):
+        flat: list[Any] = []
+        for table, leaf in todo[i:i + pages_per_chunk]:
+            page = tables.get(table, {}).get(leaf)
+            if page is not None:  # else its keys were dropped meanwhile (``ShardStore.drop``)
+                flat += (table, leaf, *page.dump())
+        yield pack(flat)
+    yield pack({"own": store.own, "origins": store._origins})
+
+
+def load(cls: Any, data: bytes, own: str) -> Any:
+    """A ``cls`` (``ShardStore``) from a snapshot; ``own`` may differ from the snapshot's (a new
+    incarnation). Every key is marked for the digests (``flush_digests``)."""
+    blob = msgpack.unpackb(data, strict_map_key=True)
+    if "chunks" not in blob:
+        return _from_rows(cls, blob, own)
+    *chunks, tail = blob["chunks"]
+    head = msgpack.unpackb(tail)
+    store = cls(own)
+    store._origins = list(head["origins"])
+    store._index = {name: i for i, name in enumerate(store._origins)}
+    store._own = store._origin(own)
+    for raw in chunks:
+        flat = msgpack.unpackb(raw)
+        for i in range(0, len(flat), 5):
+            table, leaf, keys, who, pn = flat[i:i + 5]
+            page = Page.load(keys, who, pn)
+            store._tables.setdefault(table, {})[leaf] = page
+            store.keys += len(page)
+    store._index_all()
+    return store
+
+
+def _from_rows(cls: Any, blob: dict[str, Any], own: str) -> Any:
+    """A snapshot of the earlier layout (``{"tables": {table: {key: [P0, N0, ...]}}}``)."""
+    store = cls(own)
+    origins: list[str] = blob["origins"]
+    for table, rows in blob["tables"].items():
+        for key, row in rows.items():
+            for j in range(0, len(row), 2):
+                if row[j] or row[j + 1]:
+                    store.merge_pair(table, key, origins[j // 2], row[j], row[j + 1])
+    return store
