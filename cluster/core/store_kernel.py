@@ -10,10 +10,9 @@ is not ``0``. ``KERNEL`` says which runs (``"c"`` or ``"python"``), ``REASON`` w
 
 from __future__ import annotations
 
-import importlib
-import os
 from typing import Any
 
+from cluster.core.compiled import optional
 from cluster.core.digests import key_hash, pair_hash
 
 ENV = "IDC_STORE_KERNEL"
@@ -25,12 +24,9 @@ PYTHON: dict[str, Any] = {}
 
 def _load() -> tuple[Any, str]:
     """The compiled module, or None and why not."""
-    if os.environ.get(ENV, "").strip().lower() in ("0", "false", "no", "off"):
-        return None, f"switched off ({ENV}=0)"
-    try:
-        mod = importlib.import_module("cluster.core._store")
-    except ImportError as exc:
-        return None, f"not built ({exc}; `pip install -e .` builds it where a C compiler is)"
+    mod, why = optional("cluster.core._store", ENV)
+    if mod is None:
+        return None, why
     names = ("", "k", "likes/post-7", "ü-€-𝄞", "x" * 31, "x" * 32, "x" * 255, "x" * 256,
              "x" * 600)
     counts = (0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**64 - 1)

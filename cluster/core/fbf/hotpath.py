@@ -16,13 +16,12 @@ hash disagrees with mmh3's, or ``IDC_FBF_KERNEL=0`` is set (read once, at import
 
 from __future__ import annotations
 
-import importlib
-import os
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
+from cluster.core.compiled import optional
 from cluster.core.fbf import layout
 from cluster.core.hashing import (
     MASK64,
@@ -152,12 +151,9 @@ class NumpyPath:
 
 def _load() -> tuple[Any, str]:
     """The kernel's class, or None and why not."""
-    if os.environ.get(ENV, "").strip().lower() in ("0", "false", "no", "off"):
-        return None, f"switched off ({ENV}=0)"
-    try:
-        mod = importlib.import_module("cluster.core.fbf._kernel")
-    except ImportError as exc:
-        return None, f"not built ({exc}; `pip install -e .` builds it where a C compiler is)"
+    mod, why = optional("cluster.core.fbf._kernel", ENV)
+    if mod is None:
+        return None, why
     check = mod.Kernel(np.zeros(8, np.uint8), 3, 3, SEED)
     for item in (b"", b"x", b"client-7:42", bytes(range(15)), bytes(range(16)), bytes(range(47))):
         if check.hash_pair(item) != hash_pair(item):
