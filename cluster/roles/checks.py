@@ -136,7 +136,7 @@ async def ask_holds(node: Node, table: str, key: str, op_id: str, born: float | 
     applied it after a check, entry of the key); 0 is a claim. ``born``: when the op was
     first sent, if known (a replica that restarted since then cannot have promised it).
     While a move is under way, the members gaining the key are asked too (``_write_set``)."""
-    others = [r for r in _write_set(node, table, key) if r != node.id]
+    others = [r for r in _write_set(node, table, key) if r != node.id and r in node.links]
     item = [table, key, op_id, CLAIM] if born is None else [table, key, op_id, CLAIM, born]
     futs = {r: node.links[r].call(Kind.HOLDS, [item]) for r in others}
     if futs:  # with rf = 1 there is nobody to ask
