@@ -19,7 +19,7 @@ from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memchr, memcmp, memcpy
 
-from cluster.core.digests import BUCKETS, LEAVES, LEVELS, SEED, _Group
+from cluster.core.digests import BUCKETS, LEAVES, LEVELS, MASK, SEED, _Group
 from cluster.core.pages import MAX_ORIGINS, ORIGIN_BITS, Page
 
 
@@ -355,6 +355,14 @@ cdef inline int _level_add(dict level, long node, uint64_t delta) except -1:
     return 0
 
 
+cdef int _counts(fp, fn, uint64_t *p, uint64_t *n) except -1:
+    """An item's P and N, integers in [0, 2**64) (ValueError otherwise, as ``ShardStore``)."""
+    if type(fp) is int and type(fn) is int and 0 <= fp <= MASK and 0 <= fn <= MASK:
+        p[0], n[0] = fp, fn
+        return 0
+    raise ValueError(f"P and N are integers in [0, 2**64), got ({fp!r}, {fn!r})")
+
+
 # -- the store's methods ------------------------------------------------------------------------
 
 def merge_items(store, items) -> None:
@@ -370,13 +378,7 @@ def merge_items(store, items) -> None:
         if len(item) != 8:
             raise ValueError(f"an item has 8 fields, not {len(item)}")
         table, key, origin = item[1], item[2], item[3]
-        fp, fn = item[4], item[5]
-        if type(fp) is not int or type(fn) is not int:
-            raise ValueError(f"P and N are integers in [0, 2**64), got ({fp!r}, {fn!r})")
-        try:
-            p, n = fp, fn
-        except OverflowError:
-            raise ValueError(f"P and N are integers in [0, 2**64), got ({fp!r}, {fn!r})") from None
+        _counts(item[4], item[5], &p, &n)
         o = index.get(origin)
         if o is None:
             o = store._origin(origin)

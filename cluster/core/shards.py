@@ -206,7 +206,7 @@ class ShardStore:
         lists off the wire), with the lookups hoisted out of the loop."""
         index, slot, moved = self._index, self._slot, self._moved
         for _op_id, table, key, origin, p, n, _delta, _ts in items:
-            if type(p) is not int or type(n) is not int or not 0 <= p <= MASK >= n >= 0:
+            if type(p) is not int or type(n) is not int or not (0 <= p <= MASK and 0 <= n <= MASK):
                 raise ValueError(f"P and N are integers in [0, 2**64), got ({p!r}, {n!r})")
             o = index.get(origin)
             if o is None:
