@@ -4,8 +4,10 @@
   path, which gives the same bits and answers (``IDC_FBF_KERNEL=0`` forces that path).
 - ``cluster/core/_store.pyx``: the shard store's hot methods. Without it the store runs its
   Python methods, the reference (``IDC_STORE_KERNEL=0`` forces them).
+- ``cluster/wal/_writer.pyx``: the log writer thread's loop without the GIL. Without it the
+  thread runs its Python loop, with the same outcomes (``IDC_WAL_KERNEL=0`` forces that).
 
-Both are optional: without Cython, without a C compiler, or when a compile fails, the install
+All are optional: without Cython, without a C compiler, or when a compile fails, the install
 still succeeds (with a warning) and the Python paths run.
 """
 
@@ -16,7 +18,7 @@ import sys
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-KERNELS = "cluster.core.fbf._kernel, cluster.core._store"
+KERNELS = "cluster.core.fbf._kernel, cluster.core._store, cluster.wal._writer"
 
 
 def _warn(why: object) -> None:
@@ -44,7 +46,8 @@ def _extensions() -> list[Extension]:
     exts = [Extension(name, [source], include_dirs=["cluster/core/fbf"],
                       depends=["cluster/core/fbf/_murmur3.h"], optional=True)
             for name, source in (("cluster.core.fbf._kernel", "cluster/core/fbf/_kernel.pyx"),
-                                 ("cluster.core._store", "cluster/core/_store.pyx"))]
+                                 ("cluster.core._store", "cluster/core/_store.pyx"),
+                                 ("cluster.wal._writer", "cluster/wal/_writer.pyx"))]
     try:
         from Cython.Build import cythonize
     except ImportError:

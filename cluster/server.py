@@ -112,7 +112,7 @@ class NodeServer:
             "node": node.id, "address": f"{host}:{port}", "replayed": replayed,
             "counters": node.state.shards.keys, "in_doubt": len(node.pending),
             "recovery_s": round(time.monotonic() - started, 3), "fbf_kernel": hotpath.KERNEL,
-            "store_kernel": store_kernel.KERNEL}})
+            "store_kernel": store_kernel.KERNEL, "log_writer": node.log.stats().writer}})
         if self.ready_stream is not None:
             self.ready_stream.write(f"READY {node.id} {host}:{port}\n")
             self.ready_stream.flush()

@@ -325,3 +325,7 @@ def _wal_families(ex: Exposition, stats: Any) -> None:
     ex.simple("idc_log_bytes_total", "counter", "bytes appended", stats.bytes_appended)
     ex.simple("idc_log_fsyncs_total", "counter", "group-commit fsyncs", stats.fsyncs)
     ex.histogram("idc_log_fsync_seconds", "fsync latency", [("", wal_histogram(stats))])
+    ex.family("idc_log_writer_info", "gauge", "1, labelled with what writes and fsyncs the log: "
+              "c (the writer thread's compiled loop), python (its Python loop: not built, or "
+              "IDC_WAL_KERNEL=0) or loop (no thread: fsync off)")
+    ex.sample("idc_log_writer_info", 1, {"writer": getattr(stats, "writer", "loop")})

@@ -3,12 +3,22 @@
 An op is acknowledged only after its record is on disk, so an append's future resolves only
 after an fsync that covers it. Many concurrent appends share one ``write`` and one fsync (group
 commit): one writer thread per log (``Committer.start``) takes everything queued since its last
-commit, writes and fsyncs it, and hands the outcome back to the event loop with one
-``call_soon_threadsafe``, so the loop keeps serving while the disk works. (It replaced a writer
-task that crossed to a worker thread with ``run_in_executor`` for every commit: an executor
-future, a wrapped asyncio future and a task wakeup per fsync, the largest part of one op's CPU
-in ``bench/bench_hotpath.py``.) With ``fsync=False`` or ``fsync_in_loop`` there is no thread:
-the log calls ``write_items`` at the end of the loop turn that queued the items.
+commit, writes and fsyncs it, and hands the outcome back to the event loop, so the loop keeps
+serving while the disk works. (It replaced a writer task that crossed to a worker thread with
+``run_in_executor`` for every commit: an executor future, a wrapped asyncio future and a task
+wakeup per fsync, the largest part of one op's CPU in ``bench/bench_hotpath.py``.) With
+``fsync=False`` or ``fsync_in_loop`` there is no thread: the log calls ``write_items`` at the
+end of the loop turn that queued the items.
+
+The thread runs one of two loops with the same outcomes:
+
+- ``cluster/wal/_writer.pyx`` (compiled when ``pip install -e .`` finds a C compiler; off with
+  ``IDC_WAL_KERNEL=0``): the queue is a C array, and the thread waits, writes, fdatasyncs and
+  tells the loop (an eventfd it reads) without the GIL, coming back to Python only for markers,
+  a full segment or an error. Under load the loop holds the GIL nearly always, and each time
+  the Python thread took it back (after the queue, the write and the fsync) cost a handover.
+- otherwise a ``SimpleQueue`` and ``write_items``, posting each outcome with
+  ``call_soon_threadsafe``.
 
 The queue holds entries (encoded frames, record count, ack future) and markers: a ``_Rotation``
 (a snapshot's cut: the next records go to a new segment) and ``_STOP`` (the writer ends after
@@ -21,12 +31,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from cluster.core.compiled import optional
 from cluster.wal.active import ActiveSegment
+
+_native, NATIVE_WHY_NOT = optional("cluster.wal._writer", "IDC_WAL_KERNEL")
 
 
 class _Rotation:
@@ -54,7 +69,6 @@ class Committer:
 
     def __init__(
         self,
-        q: queue.SimpleQueue[_Entry | _Rotation],
         *,
         max_batch_records: int,
         segment_bytes: int,
@@ -64,7 +78,7 @@ class Committer:
         fail: Callable[[BaseException], None],
         stopped: Callable[[], None],
     ) -> None:
-        self.q = q
+        self.q: queue.SimpleQueue[_Entry | _Rotation] = queue.SimpleQueue()
         self.max_batch = max_batch_records
         self.segment_bytes = segment_bytes
         self.threaded = threaded
@@ -73,24 +87,117 @@ class Committer:
         self.aborted = False
         self._committed, self._rotated = committed, rotated
         self._fail, self._stopped = fail, stopped
+        # the compiled loop (``_writer.GroupCommit``), its eventfd and the markers it queued
+        self.native = threaded and _native is not None
+        self._gc: Any = None
+        self._efd = -1
+        self._markers: deque[_Rotation] = deque()
+        self._wake_soon = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self, segment: ActiveSegment, loop: asyncio.AbstractEventLoop, name: str) -> None:
-        """Write to ``segment`` from now on; when threaded, start the thread that takes ``q``."""
-        self.segment = segment
-        if self.threaded:
-            self.thread = threading.Thread(
-                target=self._thread_main, args=(loop,), name=name, daemon=True
-            )
-            self.thread.start()
+        """Write to ``segment`` from now on; when threaded, start the thread that takes the
+        queue."""
+        self.segment, self._loop = segment, loop
+        if not self.threaded:
+            return
+        main = self._thread_main
+        if self.native:
+            self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            self._gc = _native.GroupCommit(self._efd)
+            loop.add_reader(self._efd, self._wakeup)
+            main = self._native_main
+        self.thread = threading.Thread(target=main, args=(loop,), name=name, daemon=True)
+        self.thread.start()
+
+    def put(self, item: _Entry | _Rotation) -> None:
+        """On the loop: queue an entry or a marker for the thread."""
+        if self._gc is None:
+            self.q.put(item)  # wakes the thread if it waits; else it takes it after its fsync
+            return
+        if type(item) is tuple:
+            self._gc.push(item[0], item[1])
+        else:
+            self._markers.append(item)  # type: ignore[arg-type]
+            self._gc.push_marker()
+        if not self._wake_soon:  # at the end of this loop turn, with what else it queues
+            self._wake_soon = True
+            assert self._loop is not None
+            self._loop.call_soon(self._wake)
+
+    def _wake(self) -> None:
+        self._wake_soon = False
+        self._gc.wake()
+
+    def abort(self) -> None:
+        """On the loop: drop what is not written. Returns once no write or fsync runs (one in
+        flight finishes first), so the log may close the segment."""
+        self.aborted = True
+        if self._gc is not None:
+            self._gc.abort()
+            assert self._loop is not None
+            self._loop.remove_reader(self._efd)
+        elif self.thread is not None:
+            self.q.put(_STOP)
+
+    # ------------------------------------------------------------ the compiled loop
+
+    def _wakeup(self) -> None:
+        """On the loop, when the thread's eventfd is readable: hand over what it committed."""
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self._efd)
+        self._deliver()
+
+    def _deliver(self) -> None:
+        if self.aborted:
+            return
+        for entries, records, nbytes, seconds in self._gc.take():
+            self._committed(entries, records, nbytes, seconds)
+
+    def _native_main(self, loop: asyncio.AbstractEventLoop) -> None:
+        gc, post = self._gc, _poster(loop)
+        try:
+            while True:
+                segment = self.segment
+                assert segment is not None
+                status, written, err = gc.run(segment.fd, self.max_batch,
+                                              self.segment_bytes - segment.size, True)
+                segment.size += written
+                if status == _native.ABORTED:
+                    return
+                post(self._deliver)  # what it committed reaches the loop before what follows
+                if status == _native.ERROR:
+                    if not self.aborted:
+                        post(self._fail, OSError(err, os.strerror(err)))
+                    return
+                if status == _native.FULL:
+                    segment.rotate()
+                    continue
+                marker = self._markers.popleft()  # MARKER: the next item is one
+                gc.pop_marker()
+                if marker is _STOP:
+                    return
+                segment.rotate()
+                post(self._rotated, segment.seq)
+        except Exception as exc:  # noqa: BLE001 - poisons the log: every waiter hears it
+            if not self.aborted:
+                post(self._fail, exc)
+        finally:
+            if not post(self._finished):
+                os.close(self._efd)  # the loop is gone: nobody reads it any more
+
+    def _finished(self) -> None:
+        """On the loop, once the compiled loop's thread has ended."""
+        assert self._loop is not None
+        if not self.aborted:
+            self._loop.remove_reader(self._efd)
+        os.close(self._efd)
+        self._stopped()
+
+    # ------------------------------------------------------------ the Python loop
 
     def _thread_main(self, loop: asyncio.AbstractEventLoop) -> None:
-        q = self.q
-
-        def post(fn: Callable[..., None], *args: Any) -> None:
-            # a closed loop raises RuntimeError: nobody is waiting any more
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(fn, *args)
-
+        q, post = self.q, _poster(loop)
         try:
             while True:
                 items = [q.get()]
@@ -105,7 +212,7 @@ class Committer:
             post(self._stopped)
 
     def write_items(self, items: Iterable[_Entry | _Rotation],
-                    post: Callable[..., None]) -> bool:
+                    post: Callable[..., object]) -> bool:
         """Write ``items`` in order (entries in batches of at most ``max_batch_records``,
         each one write and one fsync); False once the writer must end (stopped or failed)."""
         chunk: list[bytes] = []
@@ -139,7 +246,7 @@ class Committer:
             return False
         return True
 
-    def _commit_io(self, chunk: list[bytes], count: int, post: Callable[..., None]) -> None:
+    def _commit_io(self, chunk: list[bytes], count: int, post: Callable[..., object]) -> None:
         data = b"".join(chunk)
         segment = self.segment
         assert segment is not None
@@ -147,6 +254,20 @@ class Committer:
         post(self._committed, len(chunk), count, len(data), seconds)
         if segment.size >= self.segment_bytes:
             segment.rotate()
+
+
+def _poster(loop: asyncio.AbstractEventLoop) -> Callable[..., bool]:
+    """``post`` for a writer thread: call on the loop; False when the loop is closed (then
+    nobody is waiting any more)."""
+
+    def post(fn: Callable[..., None], *args: Any) -> bool:
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:
+            return False
+        return True
+
+    return post
 
 
 def _call(fn: Callable[..., None], *args: Any) -> None:

@@ -26,6 +26,9 @@ class LogStats:
     fsync_seconds_total: float = 0.0
     fsync_buckets: tuple[float, ...] = FSYNC_BUCKETS  # upper bounds, the last is +Inf
     fsync_counts: tuple[int, ...] = (0,) * len(FSYNC_BUCKETS)  # per bucket, not cumulative
+    # what writes and fsyncs: "c" (the writer thread's compiled loop, without the GIL),
+    # "python" (its Python loop) or "loop" (no thread: fsync off, or fsync_in_loop)
+    writer: str = "loop"
 
     def fsync_cumulative(self) -> list[tuple[float, int]]:
         """(le, count of fsyncs <= le) pairs, the shape a Prometheus histogram exports."""
@@ -47,6 +50,7 @@ class _MutableStats:
     last_fsync_seconds: float = 0.0
     fsync_seconds_total: float = 0.0
     fsync_counts: list[int] = field(default_factory=lambda: [0] * len(FSYNC_BUCKETS))
+    writer: str = "loop"
 
     def add_batch(self, records: int, nbytes: int, fsync_seconds: float | None) -> None:
         self.records_appended += records
@@ -71,4 +75,5 @@ class _MutableStats:
             last_fsync_seconds=self.last_fsync_seconds,
             fsync_seconds_total=self.fsync_seconds_total,
             fsync_counts=tuple(self.fsync_counts),
+            writer=self.writer,
         )

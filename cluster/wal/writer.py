@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -91,14 +90,13 @@ class DurableLog:
         self._pack = msgpack.Packer().pack
         # Loop side: everything queued and not yet answered, in queue order (the writer
         # answers in that order). Writer side (``_committer``): the same items, handed over
-        # through ``_q`` (the thread) or ``_turn`` (written at the end of the loop turn, no
-        # thread).
+        # through ``Committer.put`` (the thread) or ``_turn`` (written at the end of the loop
+        # turn, no thread).
         self._unacked: deque[_Entry | _Rotation] = deque()
-        self._q: queue.SimpleQueue[_Entry | _Rotation] = queue.SimpleQueue()
         self._turn: list[_Entry | _Rotation] = []
         self._threaded = fsync and not fsync_in_loop
         self._committer = Committer(
-            self._q, max_batch_records=max_batch_records, segment_bytes=segment_bytes,
+            max_batch_records=max_batch_records, segment_bytes=segment_bytes,
             threaded=self._threaded, committed=self._committed, rotated=self._rotated,
             fail=self._fail, stopped=self._stopped,
         )
@@ -114,7 +112,8 @@ class DurableLog:
         self._done: asyncio.Future[None] | None = None  # the writer has stopped
         self._snapshot_lock: asyncio.Lock | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._stats = _MutableStats()
+        self._stats = _MutableStats(writer=(
+            "loop" if not self._threaded else "c" if self._committer.native else "python"))
 
     # ------------------------------------------------------------ lifecycle
 
@@ -160,7 +159,7 @@ class DurableLog:
         """
         if not self._running:
             return
-        self._committer.aborted = True
+        self._committer.abort()
         closed = LogClosedError("log aborted before the records were durable")
         for item in self._unacked:
             fut = item.future if isinstance(item, _Rotation) else item[2]
@@ -175,8 +174,6 @@ class DurableLog:
             self._lazy_timer = None
         self._unacked.clear()
         self._turn.clear()
-        if self._committer.thread is not None:
-            self._q.put(_STOP)
         self._close()
 
     def _close(self) -> None:
@@ -400,7 +397,7 @@ class DurableLog:
         if item is not _STOP:  # the stop marker is answered by ``_stopped``
             self._unacked.append(item)
         if self._threaded:
-            self._q.put(item)  # wakes the thread if it waits; else it takes it after its fsync
+            self._committer.put(item)
             return
         if not self._turn:
             assert self._loop is not None
