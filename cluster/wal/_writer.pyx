@@ -174,10 +174,12 @@ cdef class GroupCommit:
 
     def wake(self):
         """Let the writer take what was pushed (``push`` alone does not wake it)."""
+        cdef bint idle
         pthread_mutex_lock(&self.mu)
-        if self.waiting and self.head < self.tail:
-            pthread_cond_signal(&self.cv)
+        idle = self.waiting and self.head < self.tail
         pthread_mutex_unlock(&self.mu)
+        if idle:  # after the unlock: a writer woken under the lock would block on it at once
+            pthread_cond_signal(&self.cv)
 
     def pop_marker(self):
         """The writer thread has done what the marker at the head said."""
