@@ -16,12 +16,15 @@ from typing import Any
 
 import pytest
 from cluster_util import Client
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cluster.core.config import NodeConfig, from_mapping
 from cluster.core.errors import PeerError
 from cluster.core.ring import Ring
 from cluster.local import free_ports
 from cluster.roles import checks
+from cluster.roles.failure import PhiDetector
 from cluster.server import NodeServer
 from cluster.transport.wire import Kind, Status
 
@@ -649,3 +652,24 @@ async def test_a_copy_older_than_its_window_less_the_skew_is_never_applied(
             await converged(c, client, key, 2)
     finally:
         await client.close()
+
+
+@given(st.lists(st.floats(min_value=0.0, max_value=5.0), max_size=300),
+       st.integers(min_value=1, max_value=50))
+def test_phi_detector_mean_is_that_of_the_last_window_of_intervals(
+        gaps: list[float], window: int) -> None:
+    """``PhiDetector.mean`` (kept at each heartbeat, read for every routed op) is the mean of the
+    last ``window`` intervals between heartbeats, never below the floor; ``phi`` grows with
+    silence measured in that mean."""
+    floor = 0.5
+    d = PhiDetector(0.0, floor=floor, window=window)
+    now, seen = 0.0, []
+    d.heartbeat(now)
+    for gap in gaps:
+        now += gap
+        d.heartbeat(now)
+        seen.append(gap)
+    last = seen[-window:]
+    expected = max(sum(last) / len(last), floor) if last else floor
+    assert d.mean() == pytest.approx(expected)
+    assert d.phi(now + 2 * expected) == pytest.approx(2 * d.phi(now + expected))

@@ -47,7 +47,7 @@ _LOG10_E = math.log10(math.e)
 class PhiDetector:
     """Arrival history of one peer's heartbeats; ``phi(now)`` says how suspicious silence is."""
 
-    __slots__ = ("floor", "last", "intervals", "ready", "heard")
+    __slots__ = ("floor", "last", "intervals", "ready", "heard", "_mean")
 
     def __init__(self, now: float, floor: float, window: int = 100) -> None:
         self.floor = floor
@@ -55,17 +55,19 @@ class PhiDetector:
         self.intervals: deque[float] = deque(maxlen=window)
         self.ready = True
         self.heard = False
+        self._mean = floor
 
     def heartbeat(self, now: float, ready: bool = True) -> None:
         if self.heard:
             self.intervals.append(now - self.last)
+            # kept, not summed at each ``phi``: routing asks ``is_live`` for every op
+            self._mean = max(sum(self.intervals) / len(self.intervals), self.floor)
         self.last = now
         self.ready = ready
         self.heard = True
 
     def mean(self) -> float:
-        mu = sum(self.intervals) / len(self.intervals) if self.intervals else self.floor
-        return max(mu, self.floor)
+        return self._mean
 
     def phi(self, now: float) -> float:
         return max(0.0, now - self.last) / self.mean() * _LOG10_E
