@@ -14,6 +14,7 @@ from cluster.core.config import NodeConfig, from_mapping
 from cluster.core.ring import Ring
 from cluster.local import free_ports
 from cluster.server import NodeServer
+from cluster.wal import RecordKind, read_segments
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -144,3 +145,30 @@ async def test_periodic_snapshot_keeps_the_log_short(tmp_path: Path) -> None:
             assert body == {"applied": False, "duplicate": True}
     finally:
         await client.close()
+
+
+async def test_a_published_op_leaves_a_published_record_in_its_leaders_log(
+        tmp_path: Path) -> None:
+    """After its quorum, the leader logs a PUBLISHED record for each op (one columnar frame a
+    publication, riding with the next commit): recovery then need not ask the replicas about
+    it. Each record carries the op's pair and a delta of 0."""
+    cfgs = configs(tmp_path)
+    client = Client()
+    try:
+        async with nodes(cfgs) as servers:
+            for i in range(12):  # one op a request, to the node that takes it
+                await client.add(url(servers[0]), "t", f"k{i % 4}", f"c:{i}", 3)
+    finally:  # stopping the nodes writes their lazy records
+        await client.close()
+
+    applied: dict[str, set[str]] = {}
+    published: dict[str, list[tuple[str, int, int]]] = {}
+    for c in cfgs:
+        records = list(read_segments(Path(c.data_dir) / "log"))
+        applied[c.node_id] = {r.op_id for r in records if r.kind == RecordKind.APPLY}
+        published[c.node_id] = [(r.op_id, r.delta, r.p) for r in records
+                                if r.kind == RecordKind.PUBLISHED]
+    for node_id, ids in applied.items():  # each leader published exactly what it applied
+        assert sorted(op for op, _d, _p in published[node_id]) == sorted(ids), node_id
+        assert all(d == 0 and p > 0 for _op, d, p in published[node_id])
+    assert set().union(*applied.values()) == {f"c:{i}" for i in range(12)}

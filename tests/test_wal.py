@@ -768,6 +768,24 @@ async def test_lazy_records_ride_with_the_next_commit(tmp_path: Path) -> None:
 
 
 @threaded
+async def test_lazy_columns_ride_with_the_next_commit_and_replay_as_records(
+        tmp_path: Path) -> None:
+    """``append_columns_lazily`` (the leader's PUBLISHED records, one frame a publication):
+    queued like ``append_lazily``, written with the next commit, replayed record by record;
+    refused, with nothing queued, for a bad column."""
+    lazy = recs(5, start=1, prefix="p")
+    async with DurableLog(tmp_path, fsync=True) as log:
+        await log.append(recs(1))
+        with pytest.raises(ValueError):
+            log.append_columns_lazily(1, ["x", "y"], "t1", "k", 0, "n1", [1], 0, 0.0)
+        log.append_columns_lazily(*zip(*lazy, strict=True))  # nine columns
+        assert log.stats().records_appended == 1  # queued, not written
+        await log.append(recs(1, start=6))
+        assert log.stats().records_appended == 7
+    assert (await reopen(tmp_path))[1] == [*recs(1), *lazy, *recs(1, start=6)]
+
+
+@threaded
 async def test_lazy_records_alone_are_written_within_the_delay_and_at_stop(
         tmp_path: Path) -> None:
     async with DurableLog(tmp_path, fsync=True) as log:

@@ -36,7 +36,7 @@ from cluster.roles.quorum import quorum_future
 from cluster.roles.state import NodeState
 from cluster.transport.peer import PeerLink
 from cluster.transport.wire import Kind, Status
-from cluster.wal import DurableLog, RecordKind, make_record, record_fields
+from cluster.wal import DurableLog, LogError, RecordKind, record_fields
 
 log = logging.getLogger("cluster.leader")
 
@@ -328,11 +328,13 @@ class Leader:
         """PUBLISHED records for ops now on a quorum (their delta 0), appended lazily: they
         ride with the log's next commit instead of forcing an fsync of their own, since a
         record lost in a crash only makes recovery ask the replicas about one more op."""
-        try:
-            self.log.append_lazily([
-                make_record(*record_fields(PUBLISHED, op_id, table, key, origin, p, n, 0, ts))
-                for op_id, table, key, origin, p, n, _delta, ts in items])
-        except Exception as exc:  # noqa: BLE001 - a closed log: recovery asks instead
+        if not items:
+            return
+        try:  # one columnar frame (a record each cost 4x as much to encode, measured)
+            op_ids, tables, keys, origins, ps, ns, _deltas, ts = zip(*items, strict=True)
+            self.log.append_columns_lazily(
+                *record_fields(PUBLISHED, op_ids, tables, keys, origins, ps, ns, 0, ts))
+        except LogError as exc:  # a closed or failed log: recovery asks instead
             log.debug("PUBLISHED records not written: %r", exc)
 
     def _settle_failures(self, ops: Sequence[Op], statuses: list[int],

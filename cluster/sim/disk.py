@@ -52,7 +52,7 @@ class SimDisk:
 
 class SimLog:
     """``DurableLog`` on a ``SimDisk``: start, stop, abort, replay, load_snapshot,
-    write_snapshot, append_nowait, append_columns_nowait, stats."""
+    write_snapshot, append_nowait, append_columns_nowait, the lazy appends, stats."""
 
     def __init__(self, disk: SimDisk, *, fsync_delay: float = 0.002) -> None:
         self.disk = disk
@@ -142,6 +142,15 @@ class SimLog:
                               ts: float | Sequence[float]) -> asyncio.Future[None]:
         data = encode_columns((kind, op_id, table, key, delta, origin, p, n, ts), self._pack)
         return self._enqueue(data, len(op_id))
+
+    def append_columns_lazily(self, kind: int | Sequence[int], op_id: Sequence[str],
+                              table: str | Sequence[str], key: str | Sequence[str],
+                              delta: int | Sequence[int], origin: str | Sequence[str],
+                              p: int | Sequence[int], n: int | Sequence[int],
+                              ts: float | Sequence[float]) -> None:
+        """As ``append_columns_nowait`` here (see ``append_lazily``)."""
+        self.append_columns_nowait(kind, op_id, table, key, delta, origin, p, n,
+                                   ts).add_done_callback(consume)
 
     async def write_snapshot(self, make_blob: Callable[[], bytes]) -> None:
         """The blob covers every record appended before this call; it replaces them on the

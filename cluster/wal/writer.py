@@ -260,12 +260,36 @@ class DurableLog:
             raise self._failure
         if not self._running or self._closing:
             raise LogClosedError("append to a log that is not running")
-        if not records:
-            return
+        if records:
+            self._append_lazy(encode_records(records, self._pack), len(records))
+
+    def append_columns_lazily(
+        self,
+        kind: int | Sequence[int],
+        op_id: Sequence[str],
+        table: str | Sequence[str],
+        key: str | Sequence[str],
+        delta: int | Sequence[int],
+        origin: str | Sequence[str],
+        p: int | Sequence[int],
+        n: int | Sequence[int],
+        ts: float | Sequence[float],
+    ) -> None:
+        """``append_lazily`` for records given as columns (``append_columns_nowait``): a
+        node's PUBLISHED records, one columnar frame for a publication."""
+        if self._failure is not None:
+            raise self._failure
+        if not self._running or self._closing:
+            raise LogClosedError("append to a log that is not running")
+        data = encode_columns((kind, op_id, table, key, delta, origin, p, n, ts), self._pack)
+        if data:
+            self._append_lazy(data, len(op_id))
+
+    def _append_lazy(self, data: bytes, count: int) -> None:
         assert self._loop is not None
         fut: asyncio.Future[None] = self._loop.create_future()
         fut.add_done_callback(_consume)
-        self._lazy.append((encode_records(records, self._pack), len(records), fut))
+        self._lazy.append((data, count, fut))
         if self._lazy_timer is None:
             self._lazy_timer = self._loop.call_later(LAZY_DELAY, self._flush_lazy)
 
