@@ -340,6 +340,34 @@ async def test_a_finished_cut_is_written_only_once_what_it_may_hold_is_durable(
 
 
 @threaded
+async def test_rotations_between_commits_reach_the_log_in_queue_order(tmp_path: Path) -> None:
+    """Snapshots (rotation markers) among a stream of appends: each commit and each rotation
+    reaches the log in queue order. (The compiled loop once delivered a commit queued after a
+    rotation before the rotation itself, failing the log's bookkeeping in a callback.)"""
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    stop = False
+
+    async with DurableLog(tmp_path, fsync=True, segment_bytes=4096) as log:
+        async def worker(w: int) -> int:
+            i = 0
+            while not stop:
+                await asyncio.wait_for(log.append(recs(1 + i % 3, start=i, prefix=f"w{w}")), 10)
+                i += 1 + i % 3
+            return i
+
+        workers = [asyncio.create_task(worker(w)) for w in range(8)]
+        for _ in range(150):
+            await asyncio.wait_for(log.write_snapshot(lambda: b"cut"), 10)
+        stop = True
+        counts = await asyncio.gather(*workers)
+    assert not errors, errors[0]
+    _, replayed = await reopen(tmp_path)
+    assert len(replayed) <= sum(counts)  # the snapshots cover the rest; none lost or torn
+
+
+@threaded
 async def test_a_barrier_waits_for_every_earlier_append(tmp_path: Path) -> None:
     async with DurableLog(tmp_path, fsync=True) as log:
         assert log.barrier().done()  # nothing queued: nothing to wait for

@@ -71,11 +71,12 @@ cdef struct Item:
     Py_ssize_t records
 
 
-cdef struct Commit:
+cdef struct Commit:  # what the loop hears, in order: a commit, or a rotation's marker done
     Py_ssize_t entries
     Py_ssize_t records
     Py_ssize_t nbytes
     double seconds
+    long long seq  # -1: a commit; else the marker at the head is done, the new segment's seq
 
 
 cdef double _now() noexcept nogil:
@@ -181,23 +182,51 @@ cdef class GroupCommit:
         if idle:  # after the unlock: a writer woken under the lock would block on it at once
             pthread_cond_signal(&self.cv)
 
-    def pop_marker(self):
-        """The writer thread has done what the marker at the head said."""
+    cdef int _done(self, Py_ssize_t entries, Py_ssize_t records, Py_ssize_t nbytes,
+                   double seconds, long long seq) noexcept nogil:
+        """Under ``mu``: one more thing for ``take`` to hand over; ENOMEM or 0."""
+        cdef Commit *grown
+        if self.ndone == self.done_cap:
+            grown = <Commit *>realloc(self.done, (self.done_cap * 2 + 16) * sizeof(Commit))
+            if grown == NULL:
+                return 12  # ENOMEM
+            self.done, self.done_cap = grown, self.done_cap * 2 + 16
+        self.done[self.ndone].entries = entries
+        self.done[self.ndone].records = records
+        self.done[self.ndone].nbytes = nbytes
+        self.done[self.ndone].seconds = seconds
+        self.done[self.ndone].seq = seq
+        self.ndone += 1
+        return 0
+
+    def pop_marker(self, long long seq):
+        """The writer thread has done what the marker at the head said: a rotation to segment
+        ``seq`` (``take`` hands it over after the commits before it, before those after it),
+        or the stop (``seq`` < 0: nothing to hand over)."""
+        cdef uint64_t one = 1
+        cdef int err = 0
         pthread_mutex_lock(&self.mu)
         if self.head < self.tail and self.items[self.head].data == NULL:
             self.head += 1
             self.consumed += 1
+            if seq >= 0:
+                err = self._done(0, 0, 0, 0.0, seq)
         pthread_mutex_unlock(&self.mu)
+        if err:
+            raise MemoryError()
+        if seq >= 0:
+            write(self.efd, &one, sizeof(one))
 
     def take(self):
-        """The commits finished since the last call, in order: (entries, records, bytes,
-        fdatasync seconds) each; releases the entries they wrote."""
+        """What finished since the last call, in queue order: (entries, records, bytes,
+        fdatasync seconds, -1) for a commit, (0, 0, 0, 0.0, seq) for a rotation's marker;
+        releases the entries written."""
         cdef Py_ssize_t i, consumed
         out = []
         pthread_mutex_lock(&self.mu)
         for i in range(self.ndone):
             out.append((self.done[i].entries, self.done[i].records, self.done[i].nbytes,
-                        self.done[i].seconds))
+                        self.done[i].seconds, self.done[i].seq))
         self.ndone = 0
         consumed, self.consumed = self.consumed, 0
         pthread_mutex_unlock(&self.mu)
@@ -225,7 +254,6 @@ cdef class GroupCommit:
         cdef int err = 0, status
         cdef double t0, seconds
         cdef uint64_t one = 1
-        cdef Commit *grown
         with nogil:
             while True:
                 pthread_mutex_lock(&self.mu)
@@ -275,20 +303,11 @@ cdef class GroupCommit:
                 written += nbytes
 
                 pthread_mutex_lock(&self.mu)
-                if self.ndone == self.done_cap:
-                    self.done_cap = self.done_cap * 2 if self.done_cap else 16
-                    grown = <Commit *>realloc(self.done, self.done_cap * sizeof(Commit))
-                    if grown == NULL:  # cannot happen in practice; the loop would never hear
-                        pthread_mutex_unlock(&self.mu)
-                        err = 12  # ENOMEM
-                        status = S_ERROR
-                        break
-                    self.done = grown
-                self.done[self.ndone].entries = n
-                self.done[self.ndone].records = records
-                self.done[self.ndone].nbytes = nbytes
-                self.done[self.ndone].seconds = seconds
-                self.ndone += 1
+                err = self._done(n, records, nbytes, seconds, -1)
+                if err:  # cannot happen in practice; the loop would never hear of the commit
+                    pthread_mutex_unlock(&self.mu)
+                    status = S_ERROR
+                    break
                 self.head += n
                 self.consumed += n
                 if self.head == self.tail:

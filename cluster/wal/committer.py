@@ -149,10 +149,15 @@ class Committer:
         self._deliver()
 
     def _deliver(self) -> None:
+        """Hand the log what the thread finished, in queue order: commits and rotations (so a
+        commit after a rotation never reaches the log before it)."""
         if self.aborted:
             return
-        for entries, records, nbytes, seconds in self._gc.take():
-            self._committed(entries, records, nbytes, seconds)
+        for entries, records, nbytes, seconds, seq in self._gc.take():
+            if seq < 0:
+                self._committed(entries, records, nbytes, seconds)
+            else:
+                self._rotated(seq)
 
     def _native_main(self, loop: asyncio.AbstractEventLoop) -> None:
         gc, post = self._gc, _poster(loop)
@@ -165,8 +170,8 @@ class Committer:
                 segment.size += written
                 if status == _native.ABORTED:
                     return
-                post(self._deliver)  # what it committed reaches the loop before what follows
                 if status == _native.ERROR:
+                    post(self._deliver)  # what it committed reaches the log before the failure
                     if not self.aborted:
                         post(self._fail, OSError(err, os.strerror(err)))
                     return
@@ -174,22 +179,24 @@ class Committer:
                     segment.rotate()
                     continue
                 marker = self._markers.popleft()  # MARKER: the next item is one
-                gc.pop_marker()
                 if marker is _STOP:
+                    gc.pop_marker(-1)
                     return
                 segment.rotate()
-                post(self._rotated, segment.seq)
+                gc.pop_marker(segment.seq)  # reaches the loop in order, as commits do
         except Exception as exc:  # noqa: BLE001 - poisons the log: every waiter hears it
             if not self.aborted:
+                post(self._deliver)
                 post(self._fail, exc)
         finally:
             if not post(self._finished):
                 os.close(self._efd)  # the loop is gone: nobody reads it any more
 
     def _finished(self) -> None:
-        """On the loop, once the compiled loop's thread has ended."""
+        """On the loop, once the compiled loop's thread has ended (after all it finished)."""
         assert self._loop is not None
         if not self.aborted:
+            self._deliver()
             self._loop.remove_reader(self._efd)
         os.close(self._efd)
         self._stopped()

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgpack
 
@@ -239,10 +239,7 @@ class DurableLog:
         Encoding happens now, so a bad record raises ValueError here and nothing is queued.
         Cancelling the future does not take the records back.
         """
-        if self._failure is not None:
-            raise self._failure
-        if not self._running or self._closing:
-            raise LogClosedError("append to a log that is not running")
+        self._check_open("append to")
         assert self._loop is not None
         fut: asyncio.Future[None] = self._loop.create_future()
         if not records:
@@ -256,34 +253,24 @@ class DurableLog:
         next commit instead of forcing one, and are written within ``LAZY_DELAY`` seconds
         when no other append comes. A crash may lose them, as any unacknowledged append.
         Raises as ``append_nowait`` does (a closed or failed log, a bad record)."""
-        if self._failure is not None:
-            raise self._failure
-        if not self._running or self._closing:
-            raise LogClosedError("append to a log that is not running")
+        self._check_open("append to")
         if records:
             self._append_lazy(encode_records(records, self._pack), len(records))
 
-    def append_columns_lazily(
-        self,
-        kind: int | Sequence[int],
-        op_id: Sequence[str],
-        table: str | Sequence[str],
-        key: str | Sequence[str],
-        delta: int | Sequence[int],
-        origin: str | Sequence[str],
-        p: int | Sequence[int],
-        n: int | Sequence[int],
-        ts: float | Sequence[float],
-    ) -> None:
-        """``append_lazily`` for records given as columns (``append_columns_nowait``): a
-        node's PUBLISHED records, one columnar frame for a publication."""
+    def append_columns_lazily(self, *columns: Any) -> None:
+        """``append_lazily`` for records given as the nine columns ``append_columns_nowait``
+        takes: a node's PUBLISHED records, one columnar frame for a publication."""
+        self._check_open("append to")
+        data = encode_columns(columns, self._pack)
+        if data:
+            self._append_lazy(data, len(columns[1]))
+
+    def _check_open(self, what: str) -> None:
+        """Raise what a call on a failed, closing or stopped log must."""
         if self._failure is not None:
             raise self._failure
         if not self._running or self._closing:
-            raise LogClosedError("append to a log that is not running")
-        data = encode_columns((kind, op_id, table, key, delta, origin, p, n, ts), self._pack)
-        if data:
-            self._append_lazy(data, len(op_id))
+            raise LogClosedError(f"{what} a log that is not running")
 
     def _append_lazy(self, data: bytes, count: int) -> None:
         assert self._loop is not None
@@ -325,10 +312,7 @@ class DurableLog:
         as ``append_nowait`` of the rows would. The records of one call are one frame on
         disk (split only past 64 KiB), so a torn tail drops them together.
         """
-        if self._failure is not None:
-            raise self._failure
-        if not self._running or self._closing:
-            raise LogClosedError("append to a log that is not running")
+        self._check_open("append to")
         assert self._loop is not None
         fut: asyncio.Future[None] = self._loop.create_future()
         data = encode_columns((kind, op_id, table, key, delta, origin, p, n, ts), self._pack)
@@ -355,10 +339,7 @@ class DurableLog:
 
     def barrier(self) -> asyncio.Future[None]:
         """Resolves once every record appended before this call is durable (lazy ones too)."""
-        if self._failure is not None:
-            raise self._failure
-        if not self._running or self._closing:
-            raise LogClosedError("barrier on a log that is not running")
+        self._check_open("barrier on")
         assert self._loop is not None
         fut: asyncio.Future[None] = self._loop.create_future()
         if not self._unacked and not self._lazy:
