@@ -157,21 +157,27 @@ cdef class GroupCommit:
 
     def push(self, bytes data not None, Py_ssize_t records):
         """Queue one entry (its encoded frames and how many records they hold)."""
+        self._hold.append(data)  # first: the writer may take the pointer as soon as it is queued
         pthread_mutex_lock(&self.mu)
         try:
             self._append(PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), records)
+        except MemoryError:
+            self._hold.pop()
+            raise
         finally:
             pthread_mutex_unlock(&self.mu)
-        self._hold.append(data)
 
     def push_marker(self):
         """Queue a marker: ``run`` returns MARKER once everything before it is committed."""
+        self._hold.append(None)
         pthread_mutex_lock(&self.mu)
         try:
             self._append(NULL, 0, 0)
+        except MemoryError:
+            self._hold.pop()
+            raise
         finally:
             pthread_mutex_unlock(&self.mu)
-        self._hold.append(None)
 
     def wake(self):
         """Let the writer take what was pushed (``push`` alone does not wake it)."""

@@ -88,7 +88,7 @@ class Committer:
         self._committed, self._rotated = committed, rotated
         self._fail, self._stopped = fail, stopped
         # the compiled loop (``_writer.GroupCommit``), its eventfd and the markers it queued
-        self.native = threaded and _native is not None
+        self.native = threaded and _native is not None and hasattr(os, "eventfd")  # Linux
         self._gc: Any = None
         self._efd = -1
         self._markers: deque[_Rotation] = deque()
