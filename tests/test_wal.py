@@ -733,6 +733,9 @@ async def test_append_columns_refuses_bad_input_and_queues_nothing(tmp_path: Pat
             (1, ids, "t", ["k"] * 3, 0, "n", 0, 0, 0.0),  # a column of the wrong length
             (1, "abcd", "t", "k", 0, "n", 0, 0, 0.0),  # op_id must be a list
             (1, ["a"], "t", "k" * (70 * 1024), 0, "n", 0, 0, 0.0),  # one record over 64 KiB
+            (1, ["a"], "t", ["k", "k2"], 0, "n", 0, 0, 0.0),  # one record, a column of two
+            (1, ["a"], "t", "k", [I64_MAX + 1], "n", 0, 0, 0.0),  # one record out of range
+            (1, ["a"], "t", "k", 0, "n", 0, -1, 0.0),
         ):
             with pytest.raises(ValueError):
                 log.append_columns_nowait(*bad)

@@ -154,6 +154,16 @@ def encode_columns(columns: Sequence[Any], pack: Callable[[Any], bytes]) -> byte
     if not isinstance(op_ids, _COLUMN_TYPES):
         raise ValueError("op_id must be a sequence, one per record")
     count = len(op_ids)
+    if count == 1:  # one op a request: its one record, without the general path's lists
+        row = []
+        for col in columns:
+            if isinstance(col, _COLUMN_TYPES):
+                if len(col) != 1:
+                    raise ValueError(f"a column has {len(col)} values for 1 record")
+                row.append(col[0])
+            else:
+                row.append(col)
+        return encode_records([_make_record(row)], pack)
     is_col = []
     for col in columns:
         t = type(col)
