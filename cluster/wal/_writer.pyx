@@ -157,27 +157,24 @@ cdef class GroupCommit:
 
     def push(self, bytes data not None, Py_ssize_t records):
         """Queue one entry (its encoded frames and how many records they hold)."""
-        self._hold.append(data)  # first: the writer may take the pointer as soon as it is queued
-        pthread_mutex_lock(&self.mu)
-        try:
-            self._append(PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), records)
-        except MemoryError:
-            self._hold.pop()
-            raise
-        finally:
-            pthread_mutex_unlock(&self.mu)
+        self._queue(data, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), records)
 
     def push_marker(self):
         """Queue a marker: ``run`` returns MARKER once everything before it is committed."""
-        self._hold.append(None)
+        self._queue(None, NULL, 0, 0)
+
+    cdef int _queue(self, object held, const char *data, Py_ssize_t size,
+                    Py_ssize_t records) except -1:
+        self._hold.append(held)  # first: the writer may take the pointer as soon as it is queued
         pthread_mutex_lock(&self.mu)
         try:
-            self._append(NULL, 0, 0)
+            self._append(data, size, records)
         except MemoryError:
             self._hold.pop()
             raise
         finally:
             pthread_mutex_unlock(&self.mu)
+        return 0
 
     def wake(self):
         """Let the writer take what was pushed (``push`` alone does not wake it)."""
