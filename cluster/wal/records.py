@@ -154,30 +154,18 @@ def encode_columns(columns: Sequence[Any], pack: Callable[[Any], bytes]) -> byte
     if not isinstance(op_ids, _COLUMN_TYPES):
         raise ValueError("op_id must be a sequence, one per record")
     count = len(op_ids)
-    if count == 1:  # one op a request: its one record, without the general path's lists
-        row = []
-        for col in columns:
-            if isinstance(col, _COLUMN_TYPES):
-                if len(col) != 1:
-                    raise ValueError(f"a column has {len(col)} values for 1 record")
-                row.append(col[0])
-            else:
-                row.append(col)
-        return encode_records([_make_record(row)], pack)
     is_col = []
     for col in columns:
-        t = type(col)
-        if t is list or t is tuple or isinstance(col, _COLUMN_TYPES):
+        if isinstance(col, _COLUMN_TYPES):
             if len(col) != count:
                 raise ValueError(f"a column has {len(col)} values for {count} records")
             is_col.append(True)
         else:
             is_col.append(False)
     if count < _COLUMNAR_MIN:  # v1 is cheaper for very few records (measured)
-        pairs = list(zip(columns, is_col, strict=True))
-        return encode_records(
-            [_make_record([c[i] if col else c for c, col in pairs]) for i in range(count)], pack
-        )
+        return encode_records([_make_record([c[i] if col else c
+                                             for c, col in zip(columns, is_col)])  # noqa: B905 - 9 and 9
+                               for i in range(count)], pack)
     _check_range(columns[_DELTA], _I64_MIN, _I64_MAX, "delta", op_ids)
     _check_range(columns[_P], 0, _U64_MAX, "p", op_ids)
     _check_range(columns[_N], 0, _U64_MAX, "n", op_ids)
