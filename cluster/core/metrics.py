@@ -328,4 +328,4 @@ def _wal_families(ex: Exposition, stats: Any) -> None:
     ex.family("idc_log_writer_info", "gauge", "1, labelled with what writes and fsyncs the log: "
               "c (the writer thread's compiled loop), python (its Python loop: not built, or "
               "IDC_WAL_KERNEL=0) or loop (no thread: fsync off)")
-    ex.sample("idc_log_writer_info", 1, {"writer": getattr(stats, "writer", "loop")})
+    ex.sample("idc_log_writer_info", 1, {"writer": stats.writer})

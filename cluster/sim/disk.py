@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import msgpack
 
@@ -143,14 +144,9 @@ class SimLog:
         data = encode_columns((kind, op_id, table, key, delta, origin, p, n, ts), self._pack)
         return self._enqueue(data, len(op_id))
 
-    def append_columns_lazily(self, kind: int | Sequence[int], op_id: Sequence[str],
-                              table: str | Sequence[str], key: str | Sequence[str],
-                              delta: int | Sequence[int], origin: str | Sequence[str],
-                              p: int | Sequence[int], n: int | Sequence[int],
-                              ts: float | Sequence[float]) -> None:
+    def append_columns_lazily(self, *columns: Any) -> None:
         """As ``append_columns_nowait`` here (see ``append_lazily``)."""
-        self.append_columns_nowait(kind, op_id, table, key, delta, origin, p, n,
-                                   ts).add_done_callback(consume)
+        self.append_columns_nowait(*columns).add_done_callback(consume)
 
     async def write_snapshot(self, make_blob: Callable[[], bytes]) -> None:
         """The blob covers every record appended before this call; it replaces them on the
