@@ -15,6 +15,7 @@ import zlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import msgpack
 import pytest
@@ -22,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cluster.wal as wal
+import cluster.wal.active as wal_active
 import cluster.wal.committer as wal_committer
 import cluster.wal.files as wal_files
 import cluster.wal.writer as wal_writer
@@ -205,19 +207,83 @@ async def test_garbage_after_the_last_record_is_dropped(tmp_path: Path, garbage:
     assert replayed == recs(51)
 
 
-async def test_bad_record_followed_by_valid_ones_is_corruption(tmp_path: Path) -> None:
+async def test_bad_record_followed_by_valid_ones_is_corruption(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     await write(tmp_path, recs(100))
     path = segment(tmp_path)
     offset = len(frames(recs(40)))
     data = bytearray(path.read_bytes())
     data[offset + 12] ^= 0x01  # a payload byte of record 40
     path.write_bytes(bytes(data))
+    # valid records more than one commit's reach after the bad one: not a torn commit
+    reach = len(frames(recs(20)))
+    assert len(data) - offset > 2 * reach
+    monkeypatch.setattr(wal_files, "MAX_COMMIT_BYTES", reach)
     with pytest.raises(LogCorruptError) as err:
         await reopen(tmp_path)
     assert err.value.offset == offset
     assert err.value.path == str(path)
     assert str(path) in str(err.value) and f"offset {offset}" in str(err.value)
     assert path.read_bytes() == bytes(data), "corruption must not be 'repaired' by truncation"
+
+
+async def test_a_torn_commit_may_hold_valid_records_after_a_bad_one(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A commit overwrites zeros, so a crash can leave any of its pages written: a bad record
+    followed by valid ones within one commit's reach, then zeros, is a torn tail."""
+    await write(tmp_path, recs(60))
+    path = segment(tmp_path)
+    durable = len(frames(recs(50)))
+    data = bytearray(path.read_bytes())
+    assert len(data) == len(frames(recs(60)))  # a clean stop trims the zeros
+    page = len(frames(recs(53)))
+    data[durable:page] = bytes(page - durable)  # records 50-52 never reached the disk
+    path.write_bytes(bytes(data) + bytes(5000))  # records 53-59 did, then the zeros ahead
+    with caplog.at_level(logging.WARNING, logger="cluster.wal"):
+        _, replayed = await reopen(tmp_path)
+    assert replayed == recs(50)
+    assert "torn tail" in caplog.text
+    assert path.stat().st_size == durable
+
+
+@threaded
+async def test_zeros_are_kept_ahead_of_the_records_and_trimmed_at_a_clean_stop(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """With fsync, a commit overwrites zeros (its fdatasync then has no file size to write);
+    a crash leaves them, and recovery ends the segment there without a warning."""
+    log = DurableLog(tmp_path, segment_bytes=1 << 30)
+    await log.start()
+    for i in range(20):
+        await log.append(recs(10, start=10 * i))
+    path = segment(tmp_path)
+    assert path.stat().st_size >= len(frames(recs(200))) + wal_active.ZERO_AHEAD // 2
+    log.abort()  # as kill -9 would: the zeros stay
+    assert path.read_bytes()[len(frames(recs(200))):].count(0) == (
+        path.stat().st_size - len(frames(recs(200))))
+    with caplog.at_level(logging.WARNING, logger="cluster.wal"):
+        _, replayed = await reopen(tmp_path)
+    assert replayed == recs(200)
+    assert "torn tail" not in caplog.text
+    assert path.stat().st_size == len(frames(recs(200)))  # reopen's clean stop trimmed
+
+
+@threaded
+async def test_a_rotated_segment_ends_with_its_records(tmp_path: Path) -> None:
+    """The zeros stop at the segment size, and a rotation cuts them (durably) before the next
+    segment begins: only the last segment may end in zeros."""
+    log = DurableLog(tmp_path, segment_bytes=2000)
+    await log.start()
+    for i in range(120):
+        await log.append([rec(i)])
+    segs = sorted(tmp_path.glob("log-*.wal"))
+    assert len(segs) > 2
+    for path in segs[:-1]:
+        data = path.read_bytes()
+        assert wal.scan(data) == len(data) >= 2000
+    assert segs[-1].stat().st_size <= 2000 + len(frames([rec(0)]))
+    log.abort()
+    _, replayed = await reopen(tmp_path)
+    assert replayed == recs(120)
 
 
 async def test_bad_tail_of_an_earlier_segment_is_corruption(tmp_path: Path) -> None:
@@ -427,18 +493,17 @@ async def test_crash_before_covered_segments_were_deleted(tmp_path: Path) -> Non
 async def test_fsync_error_fails_waiters_and_poisons_the_log(tmp_path: Path) -> None:
     async with DurableLog(tmp_path, fsync=True) as log:
         await log.append([rec(0)])
-        # the segment's fd becomes a pipe: writes go through, fdatasync fails (EINVAL), on
+        # the segment's fd becomes /dev/null: writes go through, fdatasync fails (EINVAL), on
         # either writer loop
-        r, w = os.pipe()
+        null = os.open("/dev/null", os.O_WRONLY)
         try:
             assert log._segment is not None
-            os.dup2(w, log._segment.fd)
+            os.dup2(null, log._segment.fd)
             results = await asyncio.gather(
                 *(log.append([rec(i)]) for i in range(1, 20)), return_exceptions=True
             )
         finally:
-            os.close(r)
-            os.close(w)
+            os.close(null)
         assert all(isinstance(r, LogWriteError) for r in results), results
         assert isinstance(results[0].__cause__, OSError)  # type: ignore[union-attr]
         with pytest.raises(LogWriteError):
@@ -627,7 +692,9 @@ def test_bit_flip_is_corruption_unless_it_hits_the_last_record(bit: int, tail: b
     data = bytearray(_SAMPLE_BYTES)
     data[bit // 8] ^= 1 << (bit % 8)
     hit = max(i for i, s in enumerate(_STARTS[:-1]) if s <= bit // 8)
-    with tempfile.TemporaryDirectory() as tmp:
+    # a commit's reach of one byte: any valid record after a bad one is corruption (the reach
+    # itself: test_a_torn_commit_may_hold_valid_records_after_a_bad_one)
+    with tempfile.TemporaryDirectory() as tmp, mock.patch.object(wal_files, "MAX_COMMIT_BYTES", 1):
         d = Path(tmp)
         segment(d).write_bytes(bytes(data) + tail)
         if hit < len(_SAMPLE) - 1:

@@ -6,7 +6,7 @@ returned, after ``os.write`` and after ``fdatasync``. Under load the event loop 
 nearly all the time, so each of those was a GIL handover (futex calls and context switches on
 both threads): ~9.5 futex calls a commit, and the writer threads used ~12% of a core per node
 in ``bench.bench_cluster --phases routed``, for commits that cost ~2% in syscalls. Here the
-queue is a C array under a pthread mutex, and ``GroupCommit.run`` waits, writes (``writev``),
+queue is a C array under a pthread mutex, and ``GroupCommit.run`` waits, writes (``pwritev``),
 fdatasyncs and tells the loop (an eventfd the loop reads) with the GIL released; it returns to
 Python only for what Python does: a marker (a snapshot's rotation, the stop), a full segment,
 an error or an abort.
@@ -19,6 +19,7 @@ log may then close the segment's fd.
 """
 
 from libc.errno cimport EINTR, errno
+from posix.types cimport off_t
 from libc.stdint cimport uint64_t
 from libc.stdlib cimport free, realloc
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
@@ -45,7 +46,7 @@ cdef extern from "<sys/uio.h>" nogil:
     cdef struct iovec:
         void *iov_base
         size_t iov_len
-    ssize_t writev(int fd, const iovec *iov, int iovcnt)
+    ssize_t pwritev(int fd, const iovec *iov, int iovcnt, off_t offset)
 
 cdef extern from "<time.h>" nogil:
     cdef struct timespec:
@@ -85,15 +86,17 @@ cdef double _now() noexcept nogil:
     return ts.tv_sec + ts.tv_nsec * 1e-9
 
 
-cdef int _write_all(int fd, iovec *iov, int n) noexcept nogil:
-    """Write every byte of ``iov`` (a file may take a large write in pieces); 0 or an errno."""
+cdef int _write_all(int fd, iovec *iov, int n, off_t offset) noexcept nogil:
+    """Write every byte of ``iov`` at ``offset`` (a file may take a large write in pieces);
+    0 or an errno."""
     cdef ssize_t r
     while n > 0:
-        r = writev(fd, iov, n)
+        r = pwritev(fd, iov, n, offset)
         if r < 0:
             if errno == EINTR:
                 continue
             return errno
+        offset += r
         while n > 0 and <size_t>r >= iov[0].iov_len:
             r -= iov[0].iov_len
             iov += 1
@@ -248,11 +251,15 @@ cdef class GroupCommit:
             pthread_mutex_unlock(&self.mu)
             pthread_mutex_unlock(&self.io)
 
-    def run(self, int fd, Py_ssize_t max_records, Py_ssize_t room, bint sync):
+    def run(self, int fd, off_t offset, Py_ssize_t max_records, Py_ssize_t max_bytes,
+            Py_ssize_t room, bint sync):
         """The writer thread: commit what is queued, in order, until something needs Python.
-        Each commit is one writev of up to ``max_records`` records (an entry is never split)
-        and one fdatasync (when ``sync``); the loop hears of it through the eventfd. Returns
-        (status, bytes written to ``fd`` by this call, errno)."""
+        Each commit is one pwritev (the first at ``offset``, each next one after it) of up to
+        ``max_records`` records and ``max_bytes`` bytes (an entry is never split, so one larger
+        than that is a commit of its own) and one fdatasync (when ``sync``); the loop hears of
+        it through the eventfd. Returns (status, bytes written by this call, errno): FULL once
+        ``room`` bytes or more are written.
+        """
         cdef Py_ssize_t written = 0, n, records, nbytes, i
         cdef int err = 0, status
         cdef double t0, seconds
@@ -275,7 +282,8 @@ cdef class GroupCommit:
                 n = records = nbytes = 0
                 i = self.head
                 while i < self.tail and n < MAX_IOV and self.items[i].data != NULL:
-                    if n and records + self.items[i].records > max_records:
+                    if n and (records + self.items[i].records > max_records
+                              or nbytes + self.items[i].size > max_bytes):
                         break
                     self.iov[n].iov_base = <void *>self.items[i].data
                     self.iov[n].iov_len = self.items[i].size
@@ -290,7 +298,7 @@ cdef class GroupCommit:
                     pthread_mutex_unlock(&self.io)
                     status = S_ABORTED
                     break
-                err = _write_all(fd, self.iov, <int>n)
+                err = _write_all(fd, self.iov, <int>n, offset + written)
                 seconds = 0.0
                 if err == 0 and sync:
                     t0 = _now()

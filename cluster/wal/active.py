@@ -1,13 +1,23 @@
-"""The active segment: the one file the log appends to, and its writes, fsyncs and rotations.
+"""The active segment: the one file the log writes to, and its writes, fsyncs and rotations.
 
 Synchronous I/O only, run by the log's writer thread (or on the loop when there is none,
 ``cluster.wal.committer``). Every use of the fd holds ``lock``, so ``close`` (a crash-like abort
 on the loop) never closes the fd under a running fsync, and a reused fd number can never
 receive our bytes.
+
+With fsync on, the file is kept zero-filled ahead of its records (``ZERO_AHEAD``, up to the
+segment's size limit), and commits are positional writes into the zeros. A commit then
+overwrites blocks the file already has, and its fdatasync flushes the data alone. An append
+grew the file at every commit, so each fdatasync also wrote the inode (its size): a second
+device write and wait per commit, a third of the writer thread's waits under load (``perf``
+of ``sched_switch``). The zeros are not records: recovery ends a segment where they begin
+(``cluster.wal.files``), and a segment is trimmed to its records when it is rotated or the log
+stops (durably at a rotation, so that only the last segment can end in zeros).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -17,55 +27,115 @@ from cluster.wal import files
 from cluster.wal.errors import LogClosedError
 from cluster.wal.segments import _segment_name
 
+# Zeros kept ahead of the records; refilled (in one write) once half of them are used, so the
+# file grows, and an fdatasync writes its inode, once per ZERO_AHEAD / 2 bytes of records.
+ZERO_AHEAD = 1 << 20
+
 
 class ActiveSegment:
-    """Segment ``seq`` of ``directory``, open for appends, ``size`` bytes long so far."""
+    """Segment ``seq`` of ``directory``, open for writes; its records end at ``size``, the
+    file at ``end`` (zeros between, with fsync on). ``limit``: the segment size at which the
+    log rotates, which the zeros never pass."""
 
     def __init__(self, directory: Path, seq: int, size: int, *, fsync: bool,
-                 create: bool) -> None:
-        self.dir, self.fsync = directory, fsync
+                 create: bool, limit: int = 64 << 20) -> None:
+        self.dir, self.fsync, self.limit = directory, fsync, limit
         self.lock = threading.Lock()
         self.fd = self._open(seq, create)
         self.seq, self.size = seq, size
+        self.end = os.fstat(self.fd).st_size
+
+    def room(self) -> int:
+        """Bytes the next commits may write before ``reserve`` should run again: into zeros
+        (half of them, so that a last commit past the mark still lands in zeros), or up to the
+        limit."""
+        if not self.fsync:
+            return self.limit - self.size
+        return min(self.limit, self.end - ZERO_AHEAD // 2) - self.size
+
+    def reserve(self) -> None:
+        """Zero-fill the file ``ZERO_AHEAD`` past its records (not past ``limit``) once fewer
+        than half that many zeros are left; nothing without fsync."""
+        if not self.fsync or self.end - self.size >= ZERO_AHEAD // 2 or self.end >= self.limit:
+            return
+        target = min(self.size + ZERO_AHEAD, self.limit)
+        with self.lock:
+            if self.fd < 0:
+                raise LogClosedError("log closed during a write")
+            self._pwrite(bytes(target - self.end), self.end)
+            self.end = target
 
     @property
     def path(self) -> Path:
         return self.dir / _segment_name(self.seq)
 
     def write(self, data: bytes) -> float:
-        """Append ``data`` and make it durable; the seconds the fsync took (0 without)."""
+        """Write ``data`` after the records and make it durable; the seconds the fsync took
+        (0 without)."""
+        self.reserve()
         with self.lock:
             if self.fd < 0:
                 raise LogClosedError("log closed during a write")
-            view = memoryview(data)
-            while view:  # a regular file may take a large write in pieces
-                view = view[os.write(self.fd, view) :]
+            self._pwrite(data, self.size)
             self.size += len(data)
+            self.end = max(self.end, self.size)
             if not self.fsync:
                 return 0.0
             t0 = time.perf_counter()
             files._datasync(self.fd)
             return time.perf_counter() - t0
 
+    def wrote(self, nbytes: int) -> None:
+        """``nbytes`` more were written after the records (the compiled loop's writes)."""
+        self.size += nbytes
+        self.end = max(self.end, self.size)
+
     def rotate(self) -> None:
         """Close this segment and go on in the next one. The last write was fsynced before
-        this is called, so the old segment is complete."""
+        this is called, so the old segment is complete; its zeros are cut, durably, first: only
+        the last segment may end in zeros after a crash (``cluster.wal.files``)."""
+        with self.lock:
+            if self.fd < 0:
+                raise LogClosedError("log closed during a rotation")
+            if self.end > self.size:
+                os.ftruncate(self.fd, self.size)
+                self.end = self.size
+                if self.fsync:
+                    files._datasync(self.fd)
         fd = self._open(self.seq + 1, True)
         with self.lock:
             if self.fd < 0:
                 os.close(fd)
                 raise LogClosedError("log closed during a rotation")
             os.close(self.fd)
-            self.fd, self.seq, self.size = fd, self.seq + 1, 0
+            self.fd, self.seq, self.size, self.end = fd, self.seq + 1, 0, 0
 
-    def close(self) -> None:
+    def close(self, *, trim: bool = False) -> None:
+        """Close the file; ``trim``: cut the zeros after the records first (a clean stop; a
+        crash leaves them, and recovery ends the segment where they begin)."""
         with self.lock:
             if self.fd >= 0:
+                if trim:
+                    self._trim()
                 os.close(self.fd)
                 self.fd = -1
 
+    def _trim(self) -> None:
+        """Cut the zeros after the records, if the file lets us (a failed log's may not). Not
+        fsynced: this is the last segment, whose zeros recovery ends like any others."""
+        if self.end > self.size:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, self.size)
+                self.end = self.size
+
+    def _pwrite(self, data: bytes, offset: int) -> None:
+        view = memoryview(data)
+        while view:  # a regular file may take a large write in pieces
+            n = os.pwrite(self.fd, view, offset)
+            view, offset = view[n:], offset + n
+
     def _open(self, seq: int, create: bool) -> int:
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+        flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
         fd = os.open(self.dir / _segment_name(seq), flags | (os.O_EXCL if create else 0), 0o644)
         if create and self.fsync:
             files._fsync_dir(self.dir)  # the new name must survive a crash like its contents

@@ -40,6 +40,7 @@ from typing import Any
 
 from cluster.core.compiled import optional
 from cluster.wal.active import ActiveSegment
+from cluster.wal.frames import MAX_COMMIT_BYTES
 
 _native, NATIVE_WHY_NOT = optional("cluster.wal._writer", "IDC_WAL_KERNEL")
 
@@ -165,9 +166,10 @@ class Committer:
             while True:
                 segment = self.segment
                 assert segment is not None
-                status, written, err = gc.run(segment.fd, self.max_batch,
-                                              self.segment_bytes - segment.size, True)
-                segment.size += written
+                segment.reserve()
+                status, written, err = gc.run(segment.fd, segment.size, self.max_batch,
+                                              MAX_COMMIT_BYTES, segment.room(), True)
+                segment.wrote(written)
                 if status == _native.ABORTED:
                     return
                 if status == _native.ERROR:
@@ -175,8 +177,9 @@ class Committer:
                     if not self.aborted:
                         post(self._fail, OSError(err, os.strerror(err)))
                     return
-                if status == _native.FULL:
-                    segment.rotate()
+                if status == _native.FULL:  # of its zeros (reserve more), or of records
+                    if segment.size >= self.segment_bytes:
+                        segment.rotate()
                     continue
                 marker = self._markers.popleft()  # MARKER: the next item is one
                 if marker is _STOP:
@@ -223,19 +226,21 @@ class Committer:
         """Write ``items`` in order (entries in batches of at most ``max_batch_records``,
         each one write and one fsync); False once the writer must end (stopped or failed)."""
         chunk: list[bytes] = []
-        count = 0
+        count = nbytes = 0
         try:
             for item in items:
                 if isinstance(item, tuple):
-                    if chunk and count + item[1] > self.max_batch:
+                    if chunk and (count + item[1] > self.max_batch
+                                  or nbytes + len(item[0]) > MAX_COMMIT_BYTES):
                         self._commit_io(chunk, count, post)
-                        chunk, count = [], 0
+                        chunk, count, nbytes = [], 0, 0
                     chunk.append(item[0])
                     count += item[1]
+                    nbytes += len(item[0])
                     continue
                 if chunk:
                     self._commit_io(chunk, count, post)
-                    chunk, count = [], 0
+                    chunk, count, nbytes = [], 0, 0
                 if item is _STOP:
                     if not self.threaded:
                         post(self._stopped)

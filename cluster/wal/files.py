@@ -3,10 +3,19 @@
     snapshot-<seq:08d>.snap  ``[magic][version][flags][seq][blob length][crc32]`` then the
                              blob; seq names the first segment the snapshot does NOT cover
 
-Recovery (``_recover``) takes the latest valid snapshot and the segments from its seq on. A bad
-record with nothing valid after it is a torn tail (a crash mid-write): it is truncated away
-with a warning. A bad record followed by any valid record is corruption and raises
-``LogCorruptError``, because dropping acknowledged records silently is worse than not starting.
+Recovery (``_recover``) takes the latest valid snapshot and the segments from its seq on.
+
+- Zeros after the last good record of the last segment are the space the writer keeps ahead of
+  its records (``cluster.wal.active``): they end the log and are cut away, silently.
+- Any other bad record with no valid record after it is a torn tail (a crash mid-commit): it
+  is truncated away with a warning.
+- In the last segment, valid records may follow a bad one within ``MAX_COMMIT_BYTES`` of it
+  and it is still a torn tail: one commit writes at most that many bytes, all after the last
+  fsync, and since it overwrites zeros (the file's size is already durable) a crash can leave
+  any of its pages written and others not. Earlier segments were trimmed and fsynced whole
+  before the next one began, so there any valid record after a bad one counts.
+- A valid record beyond that is corruption and raises ``LogCorruptError``, because dropping
+  acknowledged records silently is worse than not starting.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from cluster.wal.errors import LogCorruptError
-from cluster.wal.frames import _FRAME, MAX_RECORD_BYTES, _frame_end, scan
+from cluster.wal.frames import _FRAME, MAX_COMMIT_BYTES, MAX_RECORD_BYTES, _frame_end, scan
 from cluster.wal.records import _decode
 from cluster.wal.segments import _ARCHIVE, _segment_name, _snapshot_name, list_dir
 
@@ -184,15 +193,22 @@ def _recover(directory: Path, fsync: bool) -> _Recovered:
 
 
 def _repair_tail(paths: list[Path], fsync: bool) -> list[int]:
-    """Valid end offset of each segment after truncating a torn tail; raises on corruption."""
+    """Valid end offset of each segment after cutting zeros and a torn tail; raises on
+    corruption."""
     bufs = [p.read_bytes() for p in paths]
     ends = [len(b) for b in bufs]
     for i, buf in enumerate(bufs):
         bad = scan(buf)
         if bad == len(buf):
             continue
+        last = i == len(bufs) - 1
+        if last and buf.count(0, bad) == len(buf) - bad:  # the zeros kept ahead of the records
+            ends[i] = bad
+            _truncate(paths[i], bad, fsync)
+            break
+        reach = MAX_COMMIT_BYTES if last else 1  # a torn commit's pages, in any order
         for j in range(i, len(bufs)):
-            found = _find_record(bufs[j], bad + 1 if j == i else 0)
+            found = _find_record(bufs[j], bad + reach if j == i else 0)
             if found is not None:
                 raise LogCorruptError(
                     paths[i],
@@ -200,7 +216,7 @@ def _repair_tail(paths: list[Path], fsync: bool) -> list[int]:
                     f"bad record followed by a valid one ({paths[j].name} "
                     f"offset {found}): not a torn tail",
                 )
-        dropped = sum(ends[i:]) - bad
+        dropped = len(buf.rstrip(b"\0")) - bad + sum(len(b.rstrip(b"\0")) for b in bufs[i + 1:])
         log.warning("torn tail in %s at offset %d: dropping %d bytes", paths[i], bad, dropped)
         for j in range(i, len(bufs)):
             ends[j] = bad if j == i else 0

@@ -14,10 +14,13 @@ import struct
 import zlib
 from collections.abc import Iterator
 
-__all__ = ["MAX_RECORD_BYTES", "scan"]
+__all__ = ["MAX_COMMIT_BYTES", "MAX_RECORD_BYTES", "scan"]
 
 _FRAME = struct.Struct("<II")  # payload length, crc32 of payload
 MAX_RECORD_BYTES = 64 * 1024  # per payload; also bounds how far a garbage length can reach
+# Bytes one commit (one write + fdatasync) writes at most, unless one append alone is larger: so
+# a crash mid-commit tears at most this many bytes, which recovery relies on (``files``).
+MAX_COMMIT_BYTES = 1 << 20
 
 
 def _iter_frames(buf: bytes, off: int = 0) -> Iterator[tuple[int, int]]:

@@ -85,6 +85,7 @@ class DurableLog:
             raise ConfigError(f"segment_bytes must be >= 1, got {segment_bytes}")
         self._dir = Path(directory)
         self._fsync = fsync
+        self._segment_bytes = segment_bytes
         self._fsync_in_loop = fsync_in_loop
         self._archive = archive  # covered segments go to <dir>/archive/ instead of away
         self._pack = msgpack.Packer().pack
@@ -125,7 +126,7 @@ class DurableLog:
         seq, size = rec.segments[-1] if rec.segments else (rec.next_seq, 0)
         self._segment = await loop.run_in_executor(
             None, lambda: ActiveSegment(self._dir, seq, size, fsync=self._fsync,
-                                        create=not rec.segments)
+                                        create=not rec.segments, limit=self._segment_bytes)
         )
         self._recovered = rec
         self._snapshot = rec.snapshot
@@ -149,7 +150,7 @@ class DurableLog:
         except asyncio.CancelledError:
             self.abort()
             raise
-        self._close()
+        self._close(trim=True)
 
     def abort(self) -> None:
         """Close now without writing what is queued, as a crash would; pending appends fail.
@@ -176,10 +177,10 @@ class DurableLog:
         self._turn.clear()
         self._close()
 
-    def _close(self) -> None:
+    def _close(self, *, trim: bool = False) -> None:
         self._running = False
         if self._segment is not None:
-            self._segment.close()
+            self._segment.close(trim=trim)
         if self._done is not None and not self._done.done():
             self._done.set_result(None)
 
