@@ -155,6 +155,8 @@ kernel_steps = st.one_of(
     st.tuples(st.just("unhide"), table, key, origin, delta),
     st.tuples(st.just("unhide_hidden"), hidden, delta),
     st.tuples(st.just("hide"), table, key, origin, delta),
+    st.tuples(st.just("apply_hidden_items"), st.lists(st.tuples(table, key, delta), max_size=5)),
+    st.tuples(st.just("unhide_items"), st.lists(st.tuples(hidden, delta), max_size=5)),
 )
 steps = st.one_of(
     kernel_steps,
@@ -178,6 +180,15 @@ def run(store: ShardStore, step: tuple[Any, ...]) -> Any:
         if name == "unhide_hidden":
             return store.unhide(t, k, o, args[1])
         return store.merge_items([[0, t, k, o, args[1], args[2], 0, 0]])
+    if name == "apply_hidden_items":  # the pairs it wrote into the items are compared too
+        items = [[0, t, k, OWN, 0, 0, d, 0] for t, k, d in args[0]]
+        store.apply_hidden_items(items)
+        return items
+    if name == "unhide_items":  # each picked as unhide_hidden picks, before any is unhidden
+        held = sorted((t, k, o) for (t, k), by in store._hidden.items() for o in by)
+        picks = [held[i % len(held)] if held else ("likes", "a", OWN) for i, _d in args[0]]
+        return store.unhide_items([[0, t, k, o, 0, 0, d, 0]
+                                   for (t, k, o), (_i, d) in zip(picks, args[0], strict=True)])
     if name == "loading":
         with store.loading():
             return [run(store, sub) for sub in args[0]]

@@ -394,11 +394,9 @@ def merge_items(store, items) -> None:
             st.moved(table, key, &at, origin, p0, n0, p, n)
 
 
-def apply_hidden(store, str table, str key, int64_t delta):
-    """``ShardStore.apply_hidden``: raise the own pair by ``delta`` and hide it; the new pair."""
-    cdef _Store st = _Store(store)
-    cdef Loc at
-    st.locate(table, key, st.own, True, &at)
+cdef int _apply_hidden(_Store st, str table, str key, int64_t delta, Loc *at) except -1:
+    """Raise the own pair of the key by ``delta`` and hide it; ``at`` holds the pair after."""
+    st.locate(table, key, st.own, True, at)
     k = (table, key)
     by_origin = st.hidden.get(k)
     if by_origin is None:
@@ -412,19 +410,40 @@ def apply_hidden(store, str table, str key, int64_t delta):
         raise OverflowError("a count would pass 2**64 - 1")
     at.pn[side] += size
     hid[0 if delta >= 0 else 1] += size
+    return 0
+
+
+def apply_hidden(store, str table, str key, int64_t delta):
+    """``ShardStore.apply_hidden``: raise the own pair by ``delta`` and hide it; the new pair."""
+    cdef _Store st = _Store(store)
+    cdef Loc at
+    _apply_hidden(st, table, key, delta, &at)
     return at.pn[2 * at.j], at.pn[2 * at.j + 1]
 
 
-def unhide(store, str table, str key, str origin, int64_t delta) -> None:
-    """``ShardStore.unhide``: ``delta`` is published (or compensated), visible again."""
-    cdef dict hidden = store._hidden
+def apply_hidden_items(store, list items) -> None:
+    """``ShardStore.apply_hidden_items``: ``apply_hidden`` of each item's delta, in order; the
+    item's P and N become the pair it raised."""
+    cdef _Store st = _Store(store)
+    cdef Loc at
+    cdef list item
+    for item in items:
+        if len(item) != 8:
+            raise ValueError(f"an item has 8 fields, not {len(item)}")
+        _apply_hidden(st, item[1], item[2], item[6], &at)
+        item[4], item[5] = at.pn[2 * at.j], at.pn[2 * at.j + 1]
+
+
+cdef int _unhide(store, _Store st, dict hidden, str table, str key, str origin,
+                 int64_t delta) except -1:
+    """``delta`` of ``origin``'s pair is visible again; ``st`` None until one is needed."""
     k = (table, key)
     by_origin = hidden.get(k)
     if by_origin is None:
-        return
+        return 0
     pair = by_origin.get(origin)
     if pair is None:
-        return
+        return 0
     cdef uint64_t b0 = pair[0], b1 = pair[1], a0, a1
     if delta >= 0:
         pair[0] = a0 = _less(b0, _magnitude(delta))
@@ -437,13 +456,30 @@ def unhide(store, str table, str key, str origin, int64_t delta) -> None:
         if not by_origin:
             del hidden[k]
     if not store._tracking:
-        return
+        return 0
     o = store._index.get(origin)
     if o is None:
-        return
-    cdef _Store st = _Store(store)
+        return 0
+    if st is None:
+        st = _Store(store)
     cdef Loc at
     if not st.locate(table, key, o, False, &at):
-        return  # nothing applied: (0, 0) visible either way
+        return 0  # nothing applied: (0, 0) visible either way
     cdef uint64_t p = at.pn[2 * at.j], n = at.pn[2 * at.j + 1]
     st.move(table, key, &at, origin, _less(p, b0), _less(n, b1), _less(p, a0), _less(n, a1))
+    return 0
+
+
+def unhide(store, str table, str key, str origin, int64_t delta) -> None:
+    """``ShardStore.unhide``: ``delta`` is published (or compensated), visible again."""
+    _unhide(store, None, store._hidden, table, key, origin, delta)
+
+
+def unhide_items(store, items) -> None:
+    """``ShardStore.unhide_items``: ``unhide`` of each item's delta for its origin, in order."""
+    cdef _Store st = _Store(store)
+    cdef dict hidden = store._hidden
+    for item in items:
+        if len(item) != 8:
+            raise ValueError(f"an item has 8 fields, not {len(item)}")
+        _unhide(store, st, hidden, item[1], item[2], item[3], item[6])

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import msgpack
 
@@ -189,6 +190,16 @@ class ShardStore:
             hid[1] -= delta
         return pn[2 * j], pn[2 * j + 1]
 
+    def apply_hidden_items(self, items: list[list[Any]]) -> None:
+        """``apply_hidden`` of each item's delta, in order (a leader's new ops, as
+        ``cluster.core.ops`` item lists of this store's origin): the item's P and N become the
+        pair it raised the own entry to. One call a batch: the compiled twin looks the store up
+        once, not once an op."""
+        for item in items:
+            if len(item) != 8:
+                raise ValueError(f"an item has 8 fields, not {len(item)}")
+            item[4], item[5] = self.apply_hidden(item[1], item[2], item[6])
+
     def merge_pair(self, table: str, key: str, origin: str, p: int, n: int) -> bool:
         """Max-merge one origin's pair; True when it raised anything."""
         page, j, r, leaf = self._slot(table, key, self._origin(origin))
@@ -306,6 +317,14 @@ class ShardStore:
                 del self._hidden[(table, key)]
             after = (0, 0)
         self._rehide(table, key, origin, before, after)
+
+    def unhide_items(self, items: Iterable[ItemFields]) -> None:
+        """``unhide`` of each item's delta for its origin, in order (ops published or
+        withdrawn together)."""
+        for item in items:
+            if len(item) != 8:
+                raise ValueError(f"an item has 8 fields, not {len(item)}")
+            self.unhide(item[1], item[2], item[3], item[6])
 
     def clear_hidden(self) -> None:
         hidden, self._hidden = self._hidden, {}

@@ -1,7 +1,8 @@
 """The choice between ``ShardStore``'s Python hot methods and their compiled twins.
 
-``cluster/core/_store.pyx`` compiles ``merge_items``, ``apply_hidden`` and ``unhide`` over the
-same pages and digests (``pip install`` builds it where a C compiler is; ``setup.py``). The
+``cluster/core/_store.pyx`` compiles ``merge_items``, ``apply_hidden``, ``unhide`` and the last
+two's batch forms (``apply_hidden_items``, ``unhide_items``) over the same pages and digests
+(``pip install`` builds it where a C compiler is; ``setup.py``). The
 Python methods stay the reference: ``tests/test_store_kernel.py`` runs both on the same
 programs. ``install`` binds the compiled ones in place of the Python ones when the module is
 built, its hashes agree with ``cluster.core.digests`` on this platform, and ``IDC_STORE_KERNEL``
@@ -16,7 +17,7 @@ from cluster.core.compiled import optional
 from cluster.core.digests import key_hash, pair_hash
 
 ENV = "IDC_STORE_KERNEL"
-METHODS = ("merge_items", "apply_hidden", "unhide")
+METHODS = ("merge_items", "apply_hidden", "apply_hidden_items", "unhide", "unhide_items")
 
 # the Python methods, by name, once ``install`` has replaced them (the reference's twin tests)
 PYTHON: dict[str, Any] = {}

@@ -176,16 +176,17 @@ class Leader:
     def release(self, op_ids: Iterable[str]) -> None:
         """These unpublished ops are published or withdrawn: visible (or cancelled) now; ops
         waiting for their key go on."""
-        release, free = self.state.release, self._key_free
-        for op_id in op_ids:
-            item = release(op_id)
-            if item is not None and free:
-                _id, table, key, _origin, _p, _n, _delta, _ts = item
-                fut = free.get((table, key))
-                if fut is not None and not self.state.busy(table, key, self.state.shards.own):
-                    del free[(table, key)]
-                    if not fut.done():
-                        fut.set_result(None)
+        items = self.state.release_many(op_ids)
+        free = self._key_free
+        if not free:
+            return
+        busy, own = self.state.busy, self.state.shards.own
+        for _id, table, key, _origin, _p, _n, _delta, _ts in items:
+            fut = free.get((table, key))
+            if fut is not None and not busy(table, key, own):
+                del free[(table, key)]
+                if not fut.done():
+                    fut.set_result(None)
 
     async def _lead_admitted(self, ops: list[Op]) -> list[int]:
         statuses, own, groups, dup_waits = self._apply_batch(ops)
@@ -213,11 +214,10 @@ class Leader:
         ``Item``, which names its fields)."""
         me, now = self.state.shards.own, self.clock()
         dups = self.state.seen_or_add_ops(ops)
-        apply_hidden = self.state.shards.apply_hidden
         targets_of = self.targets_of
-        inflight, pending, hold = self._inflight, self.state.pending, self.state.hold
+        inflight, pending = self._inflight, self.state.pending
         statuses: list[int] = []
-        applied: list[ItemFields] = []
+        applied: list[list[Any]] = []
         groups: dict[tuple[str, ...], list[ItemFields]] = {}
         dup_waits: list[tuple[int, asyncio.Future[bool]]] = []
         confirms: list[tuple[int, tuple[str, str, str]]] = []
@@ -232,12 +232,10 @@ class Leader:
                     confirms.append((len(statuses), (table, key, op_id)))
                 statuses.append(_DUPLICATE)
                 continue
-            p, n = apply_hidden(table, key, delta)  # unpublished: hidden until its quorum acks
             statuses.append(_APPLIED)
             targets = targets_of(table, key)
-            item = [op_id, table, key, me, p, n, delta, now]  # an Item's fields
+            item = [op_id, table, key, me, 0, 0, delta, now]  # an Item's fields; P, N below
             applied.append(item)
-            hold(item, hidden=True)
             group = groups.get(targets)
             if group is None:
                 groups[targets] = [item]
@@ -250,6 +248,9 @@ class Leader:
                                  strict=True))
         if not applied:
             return statuses, None, groups, dup_waits
+        # unpublished: applied hidden until the quorum acks (each item gets its new pair)
+        self.state.shards.apply_hidden_items(applied)
+        self.state.hold_many(applied, hidden=True)
         op_ids, tables, keys, _origins, ps, ns, deltas, _ts = zip(*applied, strict=True)
         if max(ps) >= SAFE_ENTRY or max(ns) >= SAFE_ENTRY:
             self.admission.near_limit = True  # from now on every batch is checked op by op

@@ -8,13 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import msgpack
 
 from cluster.core.config import NodeConfig
-from cluster.core.ops import ITEM_OP_ID, ITEM_TABLE, Item, ItemFields, Op
+from cluster.core.ops import (
+    ITEM_KEY,
+    ITEM_OP_ID,
+    ITEM_ORIGIN,
+    ITEM_TABLE,
+    Item,
+    ItemFields,
+    Op,
+)
 from cluster.core.shards import ShardStore
 
 SNAPSHOT_VERSION = 1
@@ -68,30 +76,45 @@ class NodeState:
     def hold(self, item: ItemFields, *, hidden: bool = False) -> None:
         """An op this node just applied as leader: unpublished (and hidden) until released.
         ``hidden``: its delta is hidden already (``ShardStore.apply_hidden``)."""
-        op_id, table, key, origin, _p, _n, delta, _ts = item
-        self.pending[op_id] = item
-        k = (table, key, origin)
-        ids = self._by_key.get(k)
-        if ids is None:
-            ids = self._by_key[k] = {}
-        ids[op_id] = None
-        if not hidden:
-            self.shards.hide(table, key, origin, delta)
+        self.hold_many([item], hidden=hidden)
+
+    def hold_many(self, items: Iterable[ItemFields], *, hidden: bool = False) -> None:
+        """``hold`` of each item, in order (a leader's batch)."""
+        pending, by_key, hide = self.pending, self._by_key, self.shards.hide
+        for item in items:
+            op_id, table, key, origin, _p, _n, delta, _ts = item
+            pending[op_id] = item
+            k = (table, key, origin)
+            ids = by_key.get(k)
+            if ids is None:
+                ids = by_key[k] = {}
+            ids[op_id] = None
+            if not hidden:
+                hide(table, key, origin, delta)
 
     def release(self, op_id: str) -> ItemFields | None:
         """The op is published or withdrawn: visible (or compensated) from now on. Its item."""
-        item = self.pending.pop(op_id, None)
-        if item is None:
-            return None
-        _op_id, table, key, origin, _p, _n, delta, _ts = item
-        k = (table, key, origin)
-        ids = self._by_key.get(k)
-        if ids is not None:
-            ids.pop(op_id, None)
-            if not ids:
-                del self._by_key[k]
-        self.shards.unhide(table, key, origin, delta)
-        return item
+        items = self.release_many([op_id])
+        return items[0] if items else None
+
+    def release_many(self, op_ids: Iterable[str]) -> list[ItemFields]:
+        """``release`` of each op (published or withdrawn together); the items of those that
+        were unpublished, in order. Their deltas are made visible in one store call."""
+        pending, by_key = self.pending, self._by_key
+        out: list[ItemFields] = []
+        for op_id in op_ids:
+            item = pending.pop(op_id, None)
+            if item is None:
+                continue
+            k = (item[ITEM_TABLE], item[ITEM_KEY], item[ITEM_ORIGIN])
+            ids = by_key.get(k)
+            if ids is not None:
+                ids.pop(op_id, None)
+                if not ids:
+                    del by_key[k]
+            out.append(item)
+        self.shards.unhide_items(out)
+        return out
 
     def set_pending(self, items: Sequence[ItemFields]) -> None:
         """Replace the unpublished ops (a snapshot or a log replay found them)."""

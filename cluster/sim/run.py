@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from client.checker import CounterReport, check
+from cluster.core import store_kernel
 from cluster.core.membership import Membership
 from cluster.core.shards import ShardStore
 from cluster.roles.member import Node
@@ -291,15 +292,19 @@ async def _shed(world: World, limit: float) -> None:
 @contextlib.contextmanager
 def _broken(breaks: tuple[str, ...]) -> Iterator[None]:
     """``hide``: unpublished deltas become visible at once (``ShardStore.hide`` a no-op, and
-    ``apply_hidden`` a plain ``apply_local``)."""
-    saved = ShardStore.hide, ShardStore.apply_hidden
+    ``apply_hidden`` a plain ``apply_local``, also in its batch form's Python method)."""
+    names = ("hide", "apply_hidden", "apply_hidden_items")
+    saved = [ShardStore.__dict__[name] for name in names]
     if "hide" in breaks:
         ShardStore.hide = lambda self, table, key, origin, delta: None  # type: ignore[method-assign]
         ShardStore.apply_hidden = ShardStore.apply_local  # type: ignore[method-assign]
+        ShardStore.apply_hidden_items = store_kernel.PYTHON[  # type: ignore[method-assign]
+            "apply_hidden_items"]
     try:
         yield
     finally:
-        ShardStore.hide, ShardStore.apply_hidden = saved  # type: ignore[method-assign]
+        for name, method in zip(names, saved, strict=True):
+            setattr(ShardStore, name, method)
 
 
 def run_seed(opts: Options) -> Result:
