@@ -141,8 +141,10 @@ def _expired(node: Node, op: CheckedOp) -> bool:
 
 
 def _as_ops(checked: list[CheckedOp]) -> list[Op]:
-    """The ops to submit: each checked op without its ``age_ms`` (see ``_births``)."""
-    return [Op._make(op[:5]) for op in checked]
+    """The ops to submit: each checked op without its ``age_ms`` (see ``_births``). Built with
+    ``tuple.__new__``, which ``Op._make`` calls after a Python frame of its own."""
+    new = tuple.__new__
+    return [new(Op, op[:5]) for op in checked]
 
 
 def _births(node: Node, checked: list[CheckedOp]) -> list[float]:
@@ -201,7 +203,7 @@ async def post_batch(node: Node, read: BodyReader, content_type: str, mp: bool) 
                       stale_after_ms=stale_after_ms(cfg), clock=node.clock)
     _refuse_on_clock(node, len(ops))
     statuses = [_EXPIRED] * len(ops)
-    live = [i for i, op in enumerate(ops) if not _expired(node, op)]
+    live = [i for i, op in enumerate(ops) if not (op[5] and _expired(node, op))]  # age_ms 0: new
     node.metrics.expired += len(ops) - len(live)
     if len(live) == len(ops):
         statuses = await node.submit(_as_ops(ops), _births(node, ops)) if ops else []

@@ -92,10 +92,17 @@ class Coordinator:
                 return await self._lead(ops, births)
             return await self._forward(leader, list(ops), births)
         groups: dict[str | None, list[int]] = {}
-        leader_of = self.ring.leader
+        prefs_of = self.ring.preference_list
         is_live = self._is_live()
+        # a key's leader is the first live member of its preference list (``Ring.leader``),
+        # found once a call for each of the few lists, not once an op
+        leaders: dict[tuple[str, ...], str | None] = {}
         for i, (table, key, _op_id, _delta, _attempt) in enumerate(ops):
-            leader = leader_of(table, key, is_live)
+            prefs = prefs_of(table, key)
+            if prefs in leaders:
+                leader = leaders[prefs]
+            else:
+                leader = leaders[prefs] = next((m for m in prefs if is_live(m)), None)
             idx = groups.get(leader)
             if idx is None:
                 groups[leader] = [i]
