@@ -250,7 +250,7 @@ cdef class _Store:
     cdef int locate(self, str table, str key, Py_ssize_t o, bint create, Loc *at) except -1:
         """``ShardStore._slot`` (``create``), or its lookup alone: 0 when the store holds no
         entry of origin number ``o`` for the key, else 1 and ``at`` filled."""
-        pages = self.tables.get(table)
+        cdef dict pages = self.tables.get(table)
         if pages is None:
             if not create:
                 return 0
@@ -288,6 +288,7 @@ cdef class _Store:
         if not self.tracking:
             return 0
         cdef uint64_t h0, h1
+        cdef dict by_origin
         if self.hidden:
             by_origin = self.hidden.get((table, key))
             if by_origin is not None:
@@ -398,7 +399,7 @@ cdef int _apply_hidden(_Store st, str table, str key, int64_t delta, Loc *at) ex
     """Raise the own pair of the key by ``delta`` and hide it; ``at`` holds the pair after."""
     st.locate(table, key, st.own, True, at)
     k = (table, key)
-    by_origin = st.hidden.get(k)
+    cdef dict by_origin = st.hidden.get(k)
     if by_origin is None:
         by_origin = st.hidden[k] = {}
     hid = by_origin.get(st.own_name)
@@ -438,7 +439,7 @@ cdef int _unhide(store, _Store st, dict hidden, str table, str key, str origin,
                  int64_t delta) except -1:
     """``delta`` of ``origin``'s pair is visible again; ``st`` None until one is needed."""
     k = (table, key)
-    by_origin = hidden.get(k)
+    cdef dict by_origin = hidden.get(k)
     if by_origin is None:
         return 0
     pair = by_origin.get(origin)
