@@ -20,12 +20,14 @@ def test_every_benchmark_runs_quick() -> None:
     out = done.stdout
     for name in ("bench.bench_fbf", "bench.bench_hotpath", "bench.bench_wire",
                  "bench.bench_wal", "bench.bench_cluster", "bench.bench_dleft",
-                 "bench.bench_scale", "bench.bench_redis", "bench.bench_floor"):
+                 "bench.bench_scale", "bench.bench_redis", "bench.bench_floor",
+                 "bench.bench_inprocess"):
         assert f"=== {name} ===" in out
     assert "idle, loaded:" in out and "partition and repair:" in out
     assert "signed us" in out and '"batch"' in out and "records/s" in out
     assert "bytes per remembered id" in out and "unpublished hold+busy+release" in out
     assert "floor: {'batch': 1," in out and "floor: {'batch': 100," in out
+    assert "in-process cluster, batches of 100:" in out
     # Redis side by side where redis-server is installed; elsewhere it says how to get it
     assert "ours / redis, ops/s:" in out or "redis-server not found" in out \
         or "the redis package is missing" in out

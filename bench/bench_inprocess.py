@@ -1,0 +1,146 @@
+"""The whole cluster's CPU per batched op, measured in one process.
+
+    python -m bench.bench_inprocess [--batches 400] [--batch 100] [--rounds 3] [--quick]
+
+Three nodes run in this process (``NodeServer``, fsync off, signed peer frames, the FBF), and
+batches of one leader's keys are handed to that leader's ``/v1/batch`` route (``post_batch``)
+without HTTP; replication, acks and publication go over loopback between the three, as between
+processes. So the CPU this process uses per op is the whole cluster's logic for that op: the
+edge's checks, routing, the dedup on three nodes, the leader's apply and release, two replicas'
+merges, log and frame encoding, signatures. Not in it: HTTP parsing, fsync, and the wakeups
+between processes, which ``bench.bench_cluster`` has.
+
+Why: on a shared 2-core VM, ``bench_cluster``'s numbers move 10 - 40% between runs, because its
+four processes compete for the cores and each wakeup costs what the machine makes it cost. One
+process doing all the work is mostly user time and moves much less; run two trees one after the
+other, alternated, to see a change of a few percent (from the root of each tree: the nodes import
+the ``cluster`` package of the current directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import random
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import uvloop
+
+_TABLE = "fbf_t"
+
+
+def _configs(tmp: Path) -> list[Any]:
+    from cluster.core.config import from_mapping
+    from cluster.local import free_ports
+
+    secret = tmp / "cluster.secret"
+    secret.write_text(os.urandom(32).hex())
+    secret.chmod(0o600)
+    ports = free_ports(3)
+    peers = ",".join(f"n{i + 1}=127.0.0.1:{p}" for i, p in enumerate(ports))
+    return [from_mapping({"node_id": f"n{i + 1}", "listen": f"127.0.0.1:{p}", "peers": peers,
+                          "data_dir": str(tmp / f"n{i + 1}"), "fsync": False,
+                          "secret_file": str(secret), "dedup": "fbf", "rate": 200_000,
+                          "window": 10})
+            for i, p in enumerate(ports)]
+
+
+async def _round(args: argparse.Namespace) -> dict[str, float]:
+    from cluster.core.ring import Ring
+    from cluster.edge import routes
+    from cluster.server import NodeServer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        servers = [NodeServer(c) for c in _configs(Path(tmp))]
+        try:
+            for s in servers:
+                await s.start()
+            node = servers[0].node
+            deadline = time.monotonic() + 30
+            while not node.ready:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("n1 not ready within 30 s")
+                await asyncio.sleep(0.05)
+            # the keys n1 leads (a fresh ring: asking n1's would fill its cache)
+            ring = Ring(list(node.ring.members), vnodes=node.ring.vnodes, rf=node.ring.rf)
+            keys = [f"k{i}" for i in range(args.keys * 3) if ring.leader(_TABLE, f"k{i}") == "n1"]
+            ids = itertools.count()
+            rng = random.Random(7)
+
+            async def worker(batches: int) -> None:
+                for _ in range(batches):
+                    body = msgpack.packb({"ops": [
+                        {"table": _TABLE, "key": rng.choice(keys),
+                         "op_id": f"c{next(ids):012d}:op", "delta": 1}
+                        for _ in range(args.batch)]})
+
+                    async def read(body: bytes = body) -> bytes:
+                        return body
+
+                    out = msgpack.unpackb(await routes.post_batch(node, read,
+                                                                  "application/msgpack", True))
+                    refused = [r for r in out["results"] if r.get("applied") is not True]
+                    if refused:  # every op is new: each must be applied
+                        raise RuntimeError(f"{len(refused)} ops not applied: {refused[:3]}")
+
+            per = max(1, args.batches // args.concurrency)
+            # warm-up: every key made, the filters and pages grown
+            await asyncio.gather(*(worker(max(1, per // 4)) for _ in range(args.concurrency)))
+            r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            await asyncio.gather(*(worker(per) for _ in range(args.concurrency)))
+            r1, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - t0
+        finally:
+            for s in servers:
+                await s.stop()
+    ops = per * args.concurrency * args.batch
+    user = (r1.ru_utime - r0.ru_utime) / ops * 1e6
+    system = (r1.ru_stime - r0.ru_stime) / ops * 1e6
+    return {"cpu_us_per_op": round(user + system, 2), "user_us_per_op": round(user, 2),
+            "sys_us_per_op": round(system, 2), "ops_per_s": round(ops / wall)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.bench_inprocess",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Prints one line a round and the rounds' range; --json writes them too.")
+    ap.add_argument("--batches", type=int, default=400, help="batches measured a round")
+    ap.add_argument("--batch", type=int, default=100, help="ops a batch")
+    ap.add_argument("--concurrency", type=int, default=8, help="batches in flight")
+    ap.add_argument("--keys", type=int, default=10_000, help="about this many keys (n1's)")
+    ap.add_argument("--rounds", type=int, default=3, help="fresh clusters, one after another")
+    ap.add_argument("--quick", action="store_true", help="one short round (smoke run)")
+    ap.add_argument("--json", help="also write the rounds here")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.batches, args.rounds, args.keys = 40, 1, 1000
+    for name, value in (("--batches", args.batches), ("--batch", args.batch),
+                        ("--concurrency", args.concurrency), ("--keys", args.keys),
+                        ("--rounds", args.rounds)):
+        if value < 1:
+            ap.error(f"{name} must be at least 1, got {value}")
+    rounds = []
+    for i in range(args.rounds):
+        row = uvloop.run(_round(args))  # the loop the nodes run on
+        rounds.append(row)
+        print(f"in-process cluster, round {i + 1}: {row}", flush=True)
+    cpu = [r["cpu_us_per_op"] for r in rounds]
+    print(f"in-process cluster, batches of {args.batch}: {min(cpu)} - {max(cpu)} us of CPU an op "
+          f"over {len(rounds)} round(s)", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rounds": rounds}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
