@@ -46,12 +46,12 @@ class ActiveSegment:
         self.end = os.fstat(self.fd).st_size
 
     def room(self) -> int:
-        """Bytes the next commits may write before ``reserve`` should run again: into zeros
-        (half of them, so that a last commit past the mark still lands in zeros), or up to the
-        limit."""
-        if not self.fsync:
+        """Bytes the next commits may write before ``reserve`` should run again: half the
+        zeros ahead (so that a last commit past the mark still lands in zeros), or up to the
+        limit once the zeros reach it."""
+        if not self.fsync or self.end >= self.limit:
             return self.limit - self.size
-        return min(self.limit, self.end - ZERO_AHEAD // 2) - self.size
+        return self.end - ZERO_AHEAD // 2 - self.size
 
     def reserve(self) -> None:
         """Zero-fill the file ``ZERO_AHEAD`` past its records (not past ``limit``) once fewer
