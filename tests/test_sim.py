@@ -99,14 +99,17 @@ def test_visible_unpublished_deltas_are_caught() -> None:
 # new sets had acknowledged (now a middle step: the new sets serve while writes reach both).
 # 3075 (membership): a retry's check passed on the old replica set alone while the joining
 # member held a copy of the op in doubt at its first leader; anti-entropy spread that copy, so
-# the first leader's settling saw its pair everywhere and published: counted twice.
+# the first leader's settling saw its pair everywhere and published: counted twice. 6062
+# (membership): a node crashed under a client's request and the request's await was cancelled
+# with the node's work; the simulated client let the CancelledError end the whole run (a real
+# client sees its connection reset).
 @pytest.mark.parametrize(("seed", "faults"), [(4, ("crash",)), (5, EVERY_BUT_TORN),
                                               (61, EVERY_BUT_TORN), (16, EVERY_BUT_TORN),
                                               (63, EVERY_BUT_TORN), (101, EVERY_BUT_TORN),
                                               (398, EVERY_BUT_TORN), (6718, DEFAULT_FAULTS),
                                               (7975, DEFAULT_FAULTS), (6154, DEFAULT_FAULTS),
                                               (25, MEMBERSHIP), (759, MEMBERSHIP),
-                                              (3075, MEMBERSHIP)])
+                                              (3075, MEMBERSHIP), (6062, MEMBERSHIP)])
 def test_regression_seeds(seed: int, faults: tuple[str, ...]) -> None:
     res = run_seed(Options(seed=seed, ops=200, faults=faults))
     assert res.ok, res.line()

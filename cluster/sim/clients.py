@@ -62,7 +62,15 @@ class Client:
             node, epoch = host.node, host.epoch
             if node is None or not host.up:
                 raise ConnectionError("connection refused")
-            result = await coro_fn(node)
+            try:
+                result = await coro_fn(node)
+            except asyncio.CancelledError:
+                # the node crashed under the request (``World.crash`` cancels its work): the
+                # client sees its connection reset; a cancel of this request itself goes on
+                task = asyncio.current_task()
+                if host.epoch == epoch or (task is not None and task.cancelling()):
+                    raise
+                raise ConnectionError("connection reset: the node crashed") from None
             if host.epoch != epoch:
                 raise ConnectionError("connection reset")
             return result
