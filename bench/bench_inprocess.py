@@ -72,7 +72,7 @@ async def _round(args: argparse.Namespace) -> dict[str, float]:
                 await asyncio.sleep(0.05)
             # the keys n1 leads (a fresh ring: asking n1's would fill its cache)
             ring = Ring(list(node.ring.members), vnodes=node.ring.vnodes, rf=node.ring.rf)
-            keys = [f"k{i}" for i in range(args.keys * 3) if ring.leader(_TABLE, f"k{i}") == "n1"]
+            keys = [f"k{i}" for i in range(args.keys) if ring.leader(_TABLE, f"k{i}") == "n1"]
             ids = itertools.count()
             rng = random.Random(7)
 
@@ -93,8 +93,10 @@ async def _round(args: argparse.Namespace) -> dict[str, float]:
                         raise RuntimeError(f"{len(refused)} ops not applied: {refused[:3]}")
 
             per = max(1, args.batches // args.concurrency)
-            # warm-up: every key made, the filters and pages grown
-            await asyncio.gather(*(worker(max(1, per // 4)) for _ in range(args.concurrency)))
+            # warm-up: three ops a key (nearly every key made: a new key costs several times an
+            # op on an existing one), the filters and pages grown
+            warm = max(per // 4, 3 * len(keys) // (args.batch * args.concurrency) + 1)
+            await asyncio.gather(*(worker(warm) for _ in range(args.concurrency)))
             r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
             await asyncio.gather(*(worker(per) for _ in range(args.concurrency)))
             r1, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - t0
@@ -117,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, default=400, help="batches measured a round")
     ap.add_argument("--batch", type=int, default=100, help="ops a batch")
     ap.add_argument("--concurrency", type=int, default=8, help="batches in flight")
-    ap.add_argument("--keys", type=int, default=10_000, help="about this many keys (n1's)")
+    ap.add_argument("--keys", type=int, default=10_000,
+                    help="keys k0..k<N-1>, of which n1 leads about a third (as bench_cluster's "
+                         "leader-routed batches)")
     ap.add_argument("--rounds", type=int, default=3, help="fresh clusters, one after another")
     ap.add_argument("--quick", action="store_true", help="one short round (smoke run)")
     ap.add_argument("--json", help="also write the rounds here")

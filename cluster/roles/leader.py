@@ -106,11 +106,7 @@ class Leader:
         was paused after its check), answer 503 unapplied (``cluster.roles.checks``); ops that
         would overflow their entry answer ``counter_overflow`` (``cluster.roles.admission``). Ops
         on a key that still has an unpublished op here wait for it (``_lead_later``)."""
-        later: list[int] = []
-        if self.state.pending:
-            busy, own = self.state.busy, self.state.shards.own
-            later = [i for i, (table, key, _id, _delta, _attempt) in enumerate(ops)
-                     if busy(table, key, own)]
+        later = self.state.busy_among(ops, self.state.shards.own)
         if later:
             self.metrics.deferred += len(later) if deadline is None else 0
             waiting = set(later)
@@ -214,7 +210,7 @@ class Leader:
         ``Item``, which names its fields)."""
         me, now = self.state.shards.own, self.clock()
         dups = self.state.seen_or_add_ops(ops)
-        targets_of = self.targets_of
+        targets_of, everyone = self.targets_of, self._everyone_else
         inflight, pending = self._inflight, self.state.pending
         statuses: list[int] = []
         applied: list[list[Any]] = []
@@ -233,7 +229,7 @@ class Leader:
                 statuses.append(_DUPLICATE)
                 continue
             statuses.append(_APPLIED)
-            targets = targets_of(table, key)
+            targets = everyone if everyone is not None else targets_of(table, key)
             item = [op_id, table, key, me, 0, 0, delta, now]  # an Item's fields; P, N below
             applied.append(item)
             group = groups.get(targets)

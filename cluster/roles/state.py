@@ -26,7 +26,7 @@ from cluster.core.ops import (
 from cluster.core.shards import ShardStore
 
 SNAPSHOT_VERSION = 1
-_OP_TABLE, _OP_ID = Op._fields.index("table"), Op._fields.index("op_id")
+_OP_TABLE, _OP_KEY, _OP_ID = (Op._fields.index(f) for f in ("table", "key", "op_id"))
 
 
 def _many(dedup: Any, ids: list[bytes]) -> list[bool]:
@@ -126,6 +126,14 @@ class NodeState:
     def busy(self, table: str, key: str, origin: str) -> bool:
         """``origin`` has an unpublished op on the key: the next op's pair would carry it."""
         return (table, key, origin) in self._by_key
+
+    def busy_among(self, ops: Sequence[Op], origin: str) -> list[int]:
+        """The indices of the ops (``cluster.core.ops.Op``) whose key is ``busy`` for
+        ``origin``, in order: ``busy`` for a batch."""
+        by_key = self._by_key
+        if not by_key:
+            return []
+        return [i for i, op in enumerate(ops) if (op[_OP_TABLE], op[_OP_KEY], origin) in by_key]
 
     def unpublished(self, table: str, key: str, origin: str) -> list[ItemFields]:
         """The key's unpublished ops of ``origin``, in the order they were applied."""
