@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import msgpack
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cluster.core.errors import BadRequest
+from cluster.edge.routes import _RESULTS, batch_results
 from cluster.edge.validate import check_batch, check_name, check_op
 
 names = st.sampled_from(["t", "k1", "user:42", "a.b-c_d", "", "bad name", "é", "x" * 129])
@@ -67,3 +70,15 @@ def test_an_op_older_than_the_stale_limit_is_checked_as_a_retry() -> None:
     batch = check_batch({"ops": [dict(waited, table="t", key="k")]}, max_ops=10, **kw)
     assert batch[0][4] == 2
     assert check_op(fresh, "t", "k", max_op_id_bytes=256)[4] == 1
+
+
+@settings(deadline=None, max_examples=40)  # lists of 65k results: no per-example deadline
+@given(st.lists(st.sampled_from(sorted(_RESULTS)), max_size=40),
+       st.sampled_from([0, 15, 16, 65535, 65536]))
+def test_a_batch_answer_is_the_results_of_its_statuses(statuses: list[int], pad: int) -> None:
+    """``batch_results`` joins each status's encoding made once; it must be what encoding the
+    list of result objects gives, in both formats, across msgpack's array header sizes."""
+    statuses = statuses + [statuses[0] if statuses else min(_RESULTS)] * pad
+    want = {"results": [_RESULTS[s] for s in statuses]}
+    assert batch_results(statuses, True) == msgpack.packb(want)
+    assert json.loads(batch_results(statuses, False)) == want

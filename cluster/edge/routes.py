@@ -108,6 +108,17 @@ _RESULTS[_OVERFLOW] = {"applied": False, "status": 400,
                        "error": {"code": "counter_overflow", "message": _OVERFLOW_MESSAGE}}
 _JSON_RESULTS = {k: json.dumps(v, separators=(",", ":")).encode() for k, v in _RESULTS.items()}
 _MSGPACK_RESULTS = {k: msgpack.packb(v) for k, v in _RESULTS.items()}
+_PACKER = msgpack.Packer()
+_MSGPACK_RESULTS_KEY = _PACKER.pack_map_header(1) + _PACKER.pack("results")
+
+
+def batch_results(statuses: list[int], mp: bool) -> bytes:
+    """A batch's answer body, ``{"results": [...]}``, joined from each status's encoding made
+    once (msgpack packing the list of dicts cost 4x as much)."""
+    if mp:
+        return b"".join([_MSGPACK_RESULTS_KEY, _PACKER.pack_array_header(len(statuses)),
+                         *[_MSGPACK_RESULTS[s] for s in statuses]])
+    return b'{"results":[' + b",".join([_JSON_RESULTS[s] for s in statuses]) + b"]}"
 
 
 def wants_msgpack(accept: str, content_type: str) -> bool:
@@ -211,9 +222,7 @@ async def post_batch(node: Node, read: BodyReader, content_type: str, mp: bool) 
         sub = [ops[i] for i in live]
         for i, s in zip(live, await node.submit(_as_ops(sub), _births(node, sub)), strict=True):
             statuses[i] = s
-    if mp:
-        return msgpack.packb({"results": [_RESULTS[s] for s in statuses]})
-    return b'{"results":[' + b",".join([_JSON_RESULTS[s] for s in statuses]) + b"]}"
+    return batch_results(statuses, mp)
 
 
 async def get_counter(node: Node, table: str, key: str, consistency: str | None,
