@@ -294,6 +294,17 @@ async def _check_one(node: Node, op: Op, born: float | None = None
     for _, held, _, entry in answers:
         if held:
             release_claims(node, table, key, op_id)
+            if op_id in node.pending:
+                # this node applied the op while the check waited (two copies of one request,
+                # checked side by side; sim seed 6121): its own application decides. The
+                # replicas' copies prove nothing here: this node hides the op until its quorum
+                # acks, so "their entries cover this node's" does not show it (confirm_duplicates
+                # is for ops not unpublished here).
+                own = node.inflight.get(op_id)  # shielded: it is the leader's quorum wait
+                if own is None or not await asyncio.shield(own):  # in doubt, or quorum failed
+                    return _UNAVAILABLE, deadline
+                node.metrics.duplicates += 1
+                return _DUPLICATE, deadline
             await node.learn(table, key, op_id, entry)
             if not (await confirm_duplicates(node, [(table, key, op_id)]))[0]:
                 return _UNAVAILABLE, deadline
