@@ -587,6 +587,38 @@ async def test_a_duplicate_of_an_op_still_in_doubt_at_its_leader_is_503(
         await client.close()
 
 
+async def test_a_check_of_an_op_this_node_holds_unpublished_never_answers_duplicate(
+        tmp_path: Path) -> None:
+    """The simulator's seed 6121: two copies of one request checked side by side at the key's
+    leader; the first applies the op, and the second hears a replica hold a copy. The leader
+    still hides the op (its quorum is not met), so the replicas' entries covering its own prove
+    nothing: the answer comes from its own application (here in doubt: 503), never from
+    ``confirm_duplicates``, which answered "duplicate" before the op was visible anywhere a
+    quorum read looks."""
+    key = key_with(("n1", "n2", "n3"))
+    client = Client()
+    try:
+        async with cluster(tmp_path) as c:
+            n1, n2, n3 = (c.servers[n].node for n in ("n1", "n2", "n3"))
+            c.fault("n1", "n2", {Kind.REPLICATE, Kind.HOLDS})
+            c.fault("n1", "n3", {Kind.REPLICATE, Kind.HOLDS})
+            status, _ = await client.add(c.url("n1"), "t", key, "c9:1", 5)
+            assert status == 503 and "c9:1" in n1.pending and "c9:1" not in n1.inflight
+            c.heal()  # the copy reaches n2 after all; n1 does not hear of it
+            assert await n1.links["n2"].call(Kind.REPLICATE, [list(n1.pending["c9:1"])]) is None
+            c.fault("n1", "n2", {Kind.REPLICATE})  # n1 cannot settle meanwhile
+            c.fault("n1", "n3", {Kind.REPLICATE})
+            status, _deadline = await checks._check_one(n1, ("t", key, "c9:1", 5, 2))
+            assert status == int(Status.UNAVAILABLE)  # n2 holds it; n1's own copy is in doubt
+            assert n1.state.shards.entry("t", key).value() == 0  # still hidden here
+            assert n3.state.shards.entry("t", key).value() == 0
+            c.heal()
+            await until(lambda: _settled(c), 10.0, "n1 to settle c9:1")
+            await converged(c, client, key, 5)
+    finally:
+        await client.close()
+
+
 async def test_pulled_dedup_state_forces_a_check_and_is_never_answered_as_held(
         tmp_path: Path) -> None:
     """The acknowledged op withdrawn (simulator seeds 4, 5, 61): a restarted node pulled a
