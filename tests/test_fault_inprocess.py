@@ -619,6 +619,28 @@ async def test_a_check_of_an_op_this_node_holds_unpublished_never_answers_duplic
         await client.close()
 
 
+async def test_a_duplicate_given_up_while_waiting_leaves_the_ops_own_quorum_wait_alone(
+        tmp_path: Path) -> None:
+    """A duplicate of an op in flight waits for that op's quorum; if the wait is given up (its
+    task cancelled), the op's own wait must go on, or the op would never be published here."""
+    key = key_with(("n1", "n2", "n3"))
+    async with cluster(tmp_path) as c:
+        n1 = c.servers["n1"].node
+        op = ("t", key, "c10:1", 1, 1)
+        n1.state.seen_or_add_ops([op])  # applied, its quorum still awaited:
+        own: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        n1.leader._inflight["c10:1"] = own
+        dup = asyncio.ensure_future(n1.leader._lead_admitted([op]))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not dup.done()  # waiting for the op's quorum
+        dup.cancel()
+        await asyncio.gather(dup, return_exceptions=True)
+        assert dup.cancelled() and not own.cancelled()
+        own.set_result(True)
+        del n1.leader._inflight["c10:1"]
+
+
 async def test_pulled_dedup_state_forces_a_check_and_is_never_answered_as_held(
         tmp_path: Path) -> None:
     """The acknowledged op withdrawn (simulator seeds 4, 5, 61): a restarted node pulled a

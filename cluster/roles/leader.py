@@ -196,8 +196,8 @@ class Leader:
                     item[ITEM_OP_ID] for items, ok in zip(groups.values(), results, strict=True)
                     if not ok for item in items})
             self.metrics.applied += sum(1 for s in statuses if s == _APPLIED)
-        for i, fut in dup_waits:
-            if not await fut:
+        for i, fut in dup_waits:  # shielded: another op's quorum wait, or its settling
+            if not await asyncio.shield(fut):
                 statuses[i] = _UNAVAILABLE
         return statuses
 
