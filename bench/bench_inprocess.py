@@ -5,16 +5,17 @@
 Three nodes run in this process (``NodeServer``, fsync off, signed peer frames, the FBF), and
 batches of one leader's keys are handed to that leader's ``/v1/batch`` route (``post_batch``)
 without HTTP; replication, acks and publication go over loopback between the three, as between
-processes. So the CPU this process uses per op is the whole cluster's logic for that op: the
+processes. The requests are built before the clock starts and the answers read after it, so
+the CPU this process uses per op is the whole cluster's logic for that op: the
 edge's checks, routing, the dedup on three nodes, the leader's apply and release, two replicas'
 merges, log and frame encoding, signatures. Not in it: HTTP parsing, fsync, and the wakeups
 between processes, which ``bench.bench_cluster`` has.
 
 Why: on a shared 2-core VM, ``bench_cluster``'s numbers move 10 - 40% between runs, because its
 four processes compete for the cores and each wakeup costs what the machine makes it cost. One
-process doing all the work is mostly user time and moves much less; run two trees one after the
-other, alternated, to see a change of a few percent (from the root of each tree: the nodes import
-the ``cluster`` package of the current directory).
+process doing all the work is mostly user time and moves less. It still moves: to see a change
+of a few percent, alternate two trees, run one after the other from the root of each (the
+nodes import the ``cluster`` package of the current directory).
 """
 
 from __future__ import annotations
@@ -73,33 +74,47 @@ async def _round(args: argparse.Namespace) -> dict[str, float]:
             # the keys n1 leads (a fresh ring: asking n1's would fill its cache)
             ring = Ring(list(node.ring.members), vnodes=node.ring.vnodes, rf=node.ring.rf)
             keys = [f"k{i}" for i in range(args.keys) if ring.leader(_TABLE, f"k{i}") == "n1"]
+            if not keys:
+                raise RuntimeError(f"n1 leads none of k0..k{args.keys - 1}: raise --keys")
             ids = itertools.count()
             rng = random.Random(7)
 
-            async def worker(batches: int) -> None:
-                for _ in range(batches):
-                    body = msgpack.packb({"ops": [
-                        {"table": _TABLE, "key": rng.choice(keys),
-                         "op_id": f"c{next(ids):012d}:op", "delta": 1}
-                        for _ in range(args.batch)]})
+            def bodies(n: int) -> list[bytes]:
+                """``n`` requests of new ops, built before the clock starts (a client's work)."""
+                return [msgpack.packb({"ops": [
+                    {"table": _TABLE, "key": rng.choice(keys), "op_id": f"c{next(ids):012d}:op",
+                     "delta": 1} for _ in range(args.batch)]}) for _ in range(n)]
 
+            async def worker(requests: list[bytes], answers: list[bytes]) -> None:
+                for body in requests:
                     async def read(body: bytes = body) -> bytes:
                         return body
 
-                    out = msgpack.unpackb(await routes.post_batch(node, read,
-                                                                  "application/msgpack", True))
-                    refused = [r for r in out["results"] if r.get("applied") is not True]
-                    if refused:  # every op is new: each must be applied
+                    answers.append(await routes.post_batch(node, read, "application/msgpack",
+                                                           True))
+
+            def check(answers: list[bytes]) -> None:
+                """Every op was new, so each must have been applied."""
+                for answer in answers:
+                    refused = [r for r in msgpack.unpackb(answer)["results"]
+                               if r.get("applied") is not True]
+                    if refused:
                         raise RuntimeError(f"{len(refused)} ops not applied: {refused[:3]}")
 
             per = max(1, args.batches // args.concurrency)
             # warm-up: three ops a key (nearly every key made: a new key costs several times an
             # op on an existing one), the filters and pages grown
             warm = max(per // 4, 3 * len(keys) // (args.batch * args.concurrency) + 1)
-            await asyncio.gather(*(worker(warm) for _ in range(args.concurrency)))
+            answers: list[bytes] = []
+            await asyncio.gather(*(worker(bodies(warm), answers)
+                                   for _ in range(args.concurrency)))
+            check(answers)
+            work = [bodies(per) for _ in range(args.concurrency)]
+            answers = []
             r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-            await asyncio.gather(*(worker(per) for _ in range(args.concurrency)))
+            await asyncio.gather(*(worker(requests, answers) for requests in work))
             r1, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - t0
+            check(answers)
         finally:
             for s in servers:
                 await s.stop()
