@@ -521,6 +521,19 @@ async def test_a_restarted_replica_gives_no_claim_it_may_have_given_before(
         assert status is None  # born after the restart: n3's claim and n1's make a majority
 
 
+async def _in_doubt_at_n1_copy_on_n2(c: Cluster, client: Client, key: str, op_id: str) -> None:
+    """n1 applies ``op_id`` (+5), but its REPLICATE and HOLDS reach nobody: the op is in doubt
+    and hidden on n1. Then its copy reaches n2 after all, and n1 does not hear of it (the ack is
+    "lost")."""
+    n1 = c.servers["n1"].node
+    c.fault("n1", "n2", {Kind.REPLICATE, Kind.HOLDS})
+    c.fault("n1", "n3", {Kind.REPLICATE, Kind.HOLDS})
+    status, _ = await client.add(c.url("n1"), "t", key, op_id, 5)
+    assert status == 503 and op_id in n1.pending and op_id not in n1.inflight
+    c.heal()
+    assert await n1.links["n2"].call(Kind.REPLICATE, [list(n1.pending[op_id])]) is None
+
+
 async def test_a_duplicate_is_answered_only_once_the_op_is_visible_on_a_quorum(
         tmp_path: Path) -> None:
     """The read window the simulator found (seed 16): n1 applies c7:1 and its copy reaches n2,
@@ -533,12 +546,7 @@ async def test_a_duplicate_is_answered_only_once_the_op_is_visible_on_a_quorum(
     try:
         async with cluster(tmp_path) as c:
             n1, n2, n3 = (c.servers[n].node for n in ("n1", "n2", "n3"))
-            c.fault("n1", "n2", {Kind.REPLICATE, Kind.HOLDS})
-            c.fault("n1", "n3", {Kind.REPLICATE, Kind.HOLDS})
-            status, _ = await client.add(c.url("n1"), "t", key, "c7:1", 5)
-            assert status == 503 and "c7:1" in n1.pending  # in doubt, hidden on n1
-            c.heal()  # the copy reaches n2 after all; its ack is "lost" (not counted by n1)
-            assert await n1.links["n2"].call(Kind.REPLICATE, [list(n1.pending["c7:1"])]) is None
+            await _in_doubt_at_n1_copy_on_n2(c, client, key, "c7:1")
             assert n2.state.shards.entry("t", key).value() == 5
             assert n3.state.shards.entry("t", key).value() == 0
             isolate(c, "n1")
@@ -599,13 +607,8 @@ async def test_a_check_of_an_op_this_node_holds_unpublished_never_answers_duplic
     client = Client()
     try:
         async with cluster(tmp_path) as c:
-            n1, n2, n3 = (c.servers[n].node for n in ("n1", "n2", "n3"))
-            c.fault("n1", "n2", {Kind.REPLICATE, Kind.HOLDS})
-            c.fault("n1", "n3", {Kind.REPLICATE, Kind.HOLDS})
-            status, _ = await client.add(c.url("n1"), "t", key, "c9:1", 5)
-            assert status == 503 and "c9:1" in n1.pending and "c9:1" not in n1.inflight
-            c.heal()  # the copy reaches n2 after all; n1 does not hear of it
-            assert await n1.links["n2"].call(Kind.REPLICATE, [list(n1.pending["c9:1"])]) is None
+            n1, n3 = c.servers["n1"].node, c.servers["n3"].node
+            await _in_doubt_at_n1_copy_on_n2(c, client, key, "c9:1")
             c.fault("n1", "n2", {Kind.REPLICATE})  # n1 cannot settle meanwhile
             c.fault("n1", "n3", {Kind.REPLICATE})
             status, _deadline = await checks._check_one(n1, ("t", key, "c9:1", 5, 2))
