@@ -45,6 +45,11 @@ class ActiveSegment:
         self.seq, self.size = seq, size
         self.end = os.fstat(self.fd).st_size
 
+    @property
+    def full(self) -> bool:
+        """The records reached the segment's size: the log rotates."""
+        return self.size >= self.limit
+
     def room(self) -> int:
         """Bytes the next commits may write before ``reserve`` should run again: half the
         zeros ahead (so that a last commit past the mark still lands in zeros), or up to the
@@ -77,8 +82,7 @@ class ActiveSegment:
             if self.fd < 0:
                 raise LogClosedError("log closed during a write")
             self._pwrite(data, self.size)
-            self.size += len(data)
-            self.end = max(self.end, self.size)
+            self.wrote(len(data))
             if not self.fsync:
                 return 0.0
             t0 = time.perf_counter()
@@ -86,7 +90,8 @@ class ActiveSegment:
             return time.perf_counter() - t0
 
     def wrote(self, nbytes: int) -> None:
-        """``nbytes`` more were written after the records (the compiled loop's writes)."""
+        """``nbytes`` more were written after the records (``write``'s, or the compiled
+        loop's)."""
         self.size += nbytes
         self.end = max(self.end, self.size)
 
@@ -97,11 +102,8 @@ class ActiveSegment:
         with self.lock:
             if self.fd < 0:
                 raise LogClosedError("log closed during a rotation")
-            if self.end > self.size:
-                os.ftruncate(self.fd, self.size)
-                self.end = self.size
-                if self.fsync:
-                    files._datasync(self.fd)
+            if self._trim() and self.fsync:
+                files._datasync(self.fd)
         fd = self._open(self.seq + 1, True)
         with self.lock:
             if self.fd < 0:
@@ -115,18 +117,21 @@ class ActiveSegment:
         crash leaves them, and recovery ends the segment where they begin)."""
         with self.lock:
             if self.fd >= 0:
-                if trim:
-                    self._trim()
+                if trim:  # a failed log's file may refuse (a test's /dev/null): zeros stay
+                    with contextlib.suppress(OSError):
+                        self._trim()
                 os.close(self.fd)
                 self.fd = -1
 
-    def _trim(self) -> None:
-        """Cut the zeros after the records, if the file lets us (a failed log's may not). Not
-        fsynced: this is the last segment, whose zeros recovery ends like any others."""
-        if self.end > self.size:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self.fd, self.size)
-                self.end = self.size
+    def _trim(self) -> bool:
+        """Cut the zeros after the records; whether there were any. Not fsynced here: a
+        rotation fsyncs it, and the last segment's zeros left by a crash are ended by recovery
+        like any others."""
+        if self.end <= self.size:
+            return False
+        os.ftruncate(self.fd, self.size)
+        self.end = self.size
+        return True
 
     def _pwrite(self, data: bytes, offset: int) -> None:
         view = memoryview(data)

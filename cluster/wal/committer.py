@@ -72,7 +72,6 @@ class Committer:
         self,
         *,
         max_batch_records: int,
-        segment_bytes: int,
         threaded: bool,
         committed: Callable[[int, int, int, float], None],
         rotated: Callable[[int], None],
@@ -81,7 +80,6 @@ class Committer:
     ) -> None:
         self.q: queue.SimpleQueue[_Entry | _Rotation] = queue.SimpleQueue()
         self.max_batch = max_batch_records
-        self.segment_bytes = segment_bytes
         self.threaded = threaded
         self.segment: ActiveSegment | None = None  # the file appended to, from ``start``
         self.thread: threading.Thread | None = None
@@ -178,7 +176,7 @@ class Committer:
                         post(self._fail, OSError(err, os.strerror(err)))
                     return
                 if status == _native.FULL:  # of its zeros (reserve more), or of records
-                    if segment.size >= self.segment_bytes:
+                    if segment.full:
                         segment.rotate()
                     continue
                 marker = self._markers.popleft()  # MARKER: the next item is one
@@ -264,7 +262,7 @@ class Committer:
         assert segment is not None
         seconds = segment.write(data)
         post(self._committed, len(chunk), count, len(data), seconds)
-        if segment.size >= self.segment_bytes:
+        if segment.full:
             segment.rotate()
 
 

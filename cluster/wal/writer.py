@@ -97,7 +97,7 @@ class DurableLog:
         self._turn: list[_Entry | _Rotation] = []
         self._threaded = fsync and not fsync_in_loop
         self._committer = Committer(
-            max_batch_records=max_batch_records, segment_bytes=segment_bytes,
+            max_batch_records=max_batch_records,
             threaded=self._threaded, committed=self._committed, rotated=self._rotated,
             fail=self._fail, stopped=self._stopped,
         )
