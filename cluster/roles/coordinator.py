@@ -92,17 +92,17 @@ class Coordinator:
                 return await self._lead(ops, births)
             return await self._forward(leader, list(ops), births)
         groups: dict[str | None, list[int]] = {}
-        prefs_of = self.ring.preference_list
+        prefs_of, leader_of = self.ring.preference_list, self.ring.leader
         is_live = self._is_live()
-        # a key's leader is the first live member of its preference list (``Ring.leader``),
-        # found once a call for each of the few lists, not once an op
+        # keys with one preference list have one leader: asked once a call for each of the
+        # few lists, not once an op (``is_live`` is a call per member it tries)
         leaders: dict[tuple[str, ...], str | None] = {}
         for i, (table, key, _op_id, _delta, _attempt) in enumerate(ops):
             prefs = prefs_of(table, key)
             if prefs in leaders:
                 leader = leaders[prefs]
             else:
-                leader = leaders[prefs] = next((m for m in prefs if is_live(m)), None)
+                leader = leaders[prefs] = leader_of(table, key, is_live)
             idx = groups.get(leader)
             if idx is None:
                 groups[leader] = [i]
