@@ -61,6 +61,13 @@ _FLAGS: dict[str, tuple[str, type, str]] = {
     "reconcile_timeout": ("reconcile_timeout", float,
                           "at start, time to settle in-doubt ops before serving (5 s)"),
     "max_clock_skew": ("max_clock_skew", float, "client clock difference allowed for ts_ms (1 s)"),
+    "max_reads": ("max_reads", int, "most counters one POST /v1/read reads, 400 above (1000)"),
+    "max_scan_limit": ("max_scan_limit", int, "most counters one scan page returns (1000)"),
+    "tombstone_grace": ("tombstone_grace", float,
+                        "seconds a delete's tombstone is kept before it is collected; a node "
+                        "down longer must come back by --replace (3600)"),
+    "sweep_interval": ("sweep_interval", float,
+                       "seconds between expiry and tombstone-collection passes (5)"),
     "advertise": ("advertise", str, "HOST:PORT the other members reach this node at, when "
                                     "--listen is not it (0.0.0.0, a container): with --join"),
 }

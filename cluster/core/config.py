@@ -56,6 +56,13 @@ Every field, its default and its constraint (durations are float seconds):
     reconcile_timeout = 5.0   at start, time allowed to settle in-doubt ops and pull the
                               replicas' dedup state before serving anyway (the rest is retried)
     max_clock_skew = 1.0      allowed client/node clock difference when an op carries ts_ms
+    max_reads = 1000          most counters one ``POST /v1/read`` reads (400 above)
+    max_scan_limit = 1000     most counters one scan page returns (``limit`` is capped to it)
+    tombstone_grace = 3600.0  seconds a delete's tombstone (or an expired counter) is kept
+                              before it is collected; a replica away longer than this must come
+                              back by ``--replace`` (docs/deletes.md); > window + 2 * skew
+    sweep_interval = 5.0      seconds between passes that expire counters of tables with a
+                              ttl and collect tombstones older than ``tombstone_grace``
 """
 
 from __future__ import annotations
@@ -160,6 +167,10 @@ class NodeConfig:
     max_hints: int = 100_000
     reconcile_timeout: float = 5.0
     max_clock_skew: float = 1.0
+    max_reads: int = 1000
+    max_scan_limit: int = 1000
+    tombstone_grace: float = 3600.0
+    sweep_interval: float = 5.0
     advertise: str = ""  # HOST:PORT peers and clients reach this node at (default: listen)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -200,9 +211,18 @@ class NodeConfig:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("tls_cert and tls_key: give both or neither")
         for name in ("vnodes", "max_body_bytes", "max_batch_ops", "max_op_id_bytes",
-                     "snapshot_log_bytes", "max_nesting_depth", "max_connections_per_client"):
+                     "snapshot_log_bytes", "max_nesting_depth", "max_connections_per_client",
+                     "max_reads", "max_scan_limit"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if not self.sweep_interval > 0:
+            raise ConfigError(f"sweep_interval: must be > 0, got {self.sweep_interval}")
+        if not self.tombstone_grace > self.window + 2 * self.max_clock_skew:
+            raise ConfigError(f"tombstone_grace: must be > window + 2 * max_clock_skew "
+                              f"({self.window + 2 * self.max_clock_skew:g} s), got "
+                              f"{self.tombstone_grace}: a retry could outlive its tombstone")
+        if any(pid.startswith("~") for pid in ids):
+            raise ConfigError("peers: a node id may not start with '~' (the floors' origins)")
         self._check_dedup_names()
 
     def _check_dedup_names(self) -> None:

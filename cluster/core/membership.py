@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from cluster.core.ring import Ring
+from cluster.core.tables import TableError, TableSettings
 
 NORMAL, JOINING, LEAVING, LEFT = "normal", "joining", "leaving", "left"
 STATES = (NORMAL, JOINING, LEAVING, LEFT)
@@ -59,6 +60,8 @@ class Membership:
     vnodes: int
     moving_since: float = 0.0  # wall time the current move (or its phase) started; 0: none
     reads_new: bool = False  # a move's second phase: the new sets serve, writes still go to both
+    # the tables' agreed settings (cluster.core.tables), by name; versioned with the members
+    tables: tuple[TableSettings, ...] = ()
 
     @classmethod
     def bootstrap(cls, peers: Iterable[tuple[str, str, int]], *, rf: int,
@@ -99,6 +102,23 @@ class Membership:
         if subject == first and len(normal) > 1 and is_live is not None and not is_live(first):
             return normal[1]
         return first
+
+    def table(self, name: str) -> TableSettings | None:
+        for t in self.tables:
+            if t.name == name:
+                return t
+        return None
+
+    def set_table(self, settings: TableSettings) -> Membership:
+        """The next version with ``settings`` for its table (the same version when they are
+        the ones it holds: a request asked again). Allowed during a move: placement is not
+        touched."""
+        old = self.table(settings.name)
+        if old is not None and old.ttl_s == settings.ttl_s:
+            return self
+        tables = tuple(sorted([t for t in self.tables if t.name != settings.name] + [settings],
+                              key=lambda t: t.name))
+        return dataclasses.replace(self, version=self.version + 1, tables=tables)
 
     def moves(self) -> dict[str, str]:
         """The move under way: {"joining": id, "leaving": id} (either may be absent)."""
@@ -189,16 +209,19 @@ class Membership:
     def to_wire(self) -> dict[str, Any]:
         return {"version": self.version, "rf": self.rf, "vnodes": self.vnodes,
                 "moving_since": self.moving_since, "reads_new": self.reads_new,
-                "members": [[m.id, m.host, m.port, m.state, m.since] for m in self.members]}
+                "members": [[m.id, m.host, m.port, m.state, m.since] for m in self.members],
+                "tables": [t.to_wire() for t in self.tables]}
 
     @classmethod
     def from_wire(cls, data: Any) -> Membership:
         try:
             members = _sorted(Member(str(i), str(h), int(p), str(s), int(v))
                               for i, h, p, s, v in data["members"])
+            tables = tuple(TableSettings.from_wire(t) for t in data.get("tables", ()))
             ms = cls(int(data["version"]), members, int(data["rf"]), int(data["vnodes"]),
-                     float(data.get("moving_since", 0.0)), bool(data.get("reads_new", False)))
-        except (KeyError, TypeError, ValueError) as exc:
+                     float(data.get("moving_since", 0.0)), bool(data.get("reads_new", False)),
+                     tables)
+        except (KeyError, TypeError, ValueError, TableError) as exc:
             raise MembershipError(f"not a membership: {exc!r}") from exc
         if any(m.state not in STATES for m in ms.members) or not ms.reachable:
             raise MembershipError("not a membership: bad member states")

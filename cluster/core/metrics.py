@@ -111,6 +111,11 @@ class NodeMetrics:
     shed_keys: int = 0  # keys dropped as no longer replicated here (``cluster.roles.shed``)
     foreign_keys: int = 0  # keys held but not replicated here, as the last pass left them
     shed_version: int = 0  # the membership whose shedding pass left none (0: none yet)
+    deletes: int = 0
+    expired_keys: int = 0  # counters deleted by time (a ttl) by this node as their leader
+    collected_keys: int = 0  # tombstones (deleted or expired keys) dropped after their grace
+    reads: int = 0  # counters read (GET, POST /v1/read, scans)
+    scanned: int = 0  # keys this node listed for scans
     requests: dict[str, Histogram] = field(default_factory=dict)
     loop_lag: Histogram = field(default_factory=lambda: Histogram(LOOP_LAG_BUCKETS))
 
@@ -215,6 +220,12 @@ def render(node: Any, auth: Any = None, edge: Any = None) -> str:
         ("ring_conflicts", "memberships seen with our version but other content (refused)"),
         ("shed_keys", "keys this node dropped after a move, as it no longer replicates them "
          "(each handed off to every replica first)"),
+        ("deletes", "deletes applied by this node as leader"),
+        ("expired_keys", "counters this node deleted by time (their table's ttl) as leader"),
+        ("collected_keys", "deleted or expired counters this node dropped from memory and "
+         "disk once their tombstone_grace passed"),
+        ("reads", "counters read through this node (GET, POST /v1/read, scans)"),
+        ("scanned", "keys this node listed for scans"),
     ):
         ex.simple(f"idc_{name}_total", "counter", help_text, getattr(m, name))
     ex.simple("idc_antientropy_cpu_seconds_total", "counter",

@@ -29,6 +29,7 @@ leaf.
 from __future__ import annotations
 
 import contextlib
+from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -44,7 +45,7 @@ from cluster.core.digests import (
     key_hash,
     pair_hash,
 )
-from cluster.core.entry import CounterEntry, Pair
+from cluster.core.entry import CounterEntry, Pair, value_of
 from cluster.core.ops import ItemFields
 from cluster.core.pages import MAX_ORIGINS, Page
 from cluster.core.store_kernel import install
@@ -385,13 +386,11 @@ class ShardStore:
         return changed
 
     def value(self, table: str, key: str) -> int:
-        """The visible value (unpublished deltas left out)."""
+        """The visible value (unpublished deltas left out, what lies above the floors)."""
         found = self._find(table, key)
         if found is None:
             return 0
-        if (table, key) in self._hidden:
-            return CounterEntry(self._pairs(table, key, found[0], found[1])).value()
-        return sum(p - n for _o, p, n in found[0].entries(found[1]))
+        return value_of(self._pairs(table, key, found[0], found[1]))
 
     def _hash(self, table: str, key: str, page: Page, r: int) -> int:
         """``cluster.core.digests.entry_hash`` of the key's visible entry, 0 when it is empty."""
@@ -478,6 +477,39 @@ class ShardStore:
 
     def tables(self) -> Iterator[str]:
         return iter(self._tables)
+
+    def scan(self, table: str, after: tuple[int, str] | None, prefix: str, limit: int,
+             budget: int) -> tuple[list[tuple[int, str, CounterEntry]], tuple[int, str] | None]:
+        """The table's keys after position ``after`` in (leaf, key) order (a scan's order: the
+        same on every node, whatever it holds), those starting with ``prefix``, at most
+        ``limit`` of them with their visible entries; and the position up to which the answer
+        is complete (None: to the end). At most ``budget`` keys are looked at, so a rare
+        prefix costs a bounded step, not a pass over the table."""
+        pages = self._tables.get(table)
+        out: list[tuple[int, str, CounterEntry]] = []
+        if not pages:
+            return out, None
+        leaf, last = (0, "") if after is None else after
+        looked = 0
+        want = prefix.encode()
+        while leaf < LEAVES:
+            page = pages.get(leaf)
+            if page is not None:
+                names = sorted(page.names())
+                start = 0
+                if after is not None and leaf == after[0]:
+                    start = bisect_right(names, last.encode())
+                for name in names[start:]:
+                    looked += 1
+                    if name.startswith(want):
+                        key = name.decode()
+                        out.append((leaf, key, self.entry(table, key)))
+                        if len(out) >= limit:
+                            return out, (leaf, key)
+                    if looked >= budget:
+                        return out, (leaf, name.decode())
+            leaf += 1
+        return out, None
 
     def keys_of(self, table: str) -> Iterator[str]:
         for page in list(self._tables.get(table, {}).values()):

@@ -94,6 +94,35 @@ async def get_counter(request: web.Request) -> web.Response:
         request.query.get("consistency"), _wants_msgpack(request)))
 
 
+async def delete_counter(request: web.Request) -> web.Response:
+    return _encoded(request, await routes.delete_counter(
+        request.app[NODE_KEY], request.match_info["table"], request.match_info["key"],
+        request.query, _wants_msgpack(request)))
+
+
+async def post_read(request: web.Request) -> web.Response:
+    return _encoded(request, await routes.post_read(
+        request.app[NODE_KEY], _body_reader(request), request.headers.get("Content-Type", ""),
+        _wants_msgpack(request)))
+
+
+async def scan_counters(request: web.Request) -> web.Response:
+    return _encoded(request, await routes.scan_counters(
+        request.app[NODE_KEY], request.match_info["table"], request.query,
+        _wants_msgpack(request)))
+
+
+async def put_table(request: web.Request) -> web.Response:
+    return _encoded(request, await routes.put_table(
+        request.app[NODE_KEY], request.match_info["table"], _body_reader(request),
+        request.headers.get("Content-Type", ""), _wants_msgpack(request)))
+
+
+async def get_tables(request: web.Request) -> web.Response:
+    return _encoded(request, await routes.get_tables(request.app[NODE_KEY],
+                                                     _wants_msgpack(request)))
+
+
 async def health(request: web.Request) -> web.Response:
     return _encoded(request, routes.health(request.app[NODE_KEY], _wants_msgpack(request)))
 
@@ -202,6 +231,11 @@ def make_app(node: Node, edge: Edge | None = None) -> web.Application:
     app.router.add_post("/v1/counters/{table}/{key}", _timed("post_counter", post_counter))
     app.router.add_post("/v1/batch", _timed("batch", post_batch))
     app.router.add_get("/v1/counters/{table}/{key}", _timed("get_counter", get_counter))
+    app.router.add_delete("/v1/counters/{table}/{key}", _timed("delete", delete_counter))
+    app.router.add_get("/v1/counters/{table}", _timed("scan", scan_counters))
+    app.router.add_post("/v1/read", _timed("read", post_read))
+    app.router.add_get("/v1/tables", _timed("tables", get_tables))
+    app.router.add_put("/v1/tables/{table}", _timed("put_table", put_table))
     app.router.add_get("/v1/health", _timed("health", health))
     app.router.add_get("/v1/ready", _timed("ready", ready))
     app.router.add_get("/v1/ring", _timed("ring", ring))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,22 +22,30 @@ from cluster.core.errors import (
     ClusterError,
     ConfigError,
     OpExpired,
+    PeerError,
     RequestTimeout,
     Unauthorized,
     Unavailable,
 )
+from cluster.core.membership import MembershipError
 from cluster.core.metrics import NodeMetrics
 from cluster.core.ops import Op
+from cluster.core.tables import TableError, TableSettings
 from cluster.edge.listener import Listener
 from cluster.edge.validate import (
     CheckedOp,
     check_batch,
     check_consistency,
+    check_limit,
     check_name,
     check_op,
+    check_prefix,
+    check_reads,
     decode_body,
     is_msgpack,
+    query_op,
 )
+from cluster.roles import scans
 from cluster.roles.admission import expired, stale_after_ms
 from cluster.roles.member import Node
 from cluster.transport.auth import PeerAuth
@@ -187,13 +195,38 @@ async def post_counter(node: Node, table: str, key: str, read: BodyReader, conte
                   max_depth=cfg.max_nesting_depth,
                   max_clock_skew_ms=int(cfg.max_clock_skew * 1000),
                   stale_after_ms=stale_after_ms(cfg), clock=node.clock)
+    return await _one_op(node, op, mp)
+
+
+async def delete_counter(node: Node, table: str, key: str, query: Mapping[str, str],
+                         mp: bool) -> bytes:
+    """``DELETE /v1/counters/{table}/{key}?op_id=...``: an observed remove
+    (``cluster.roles.deletes``), idempotent by its op id as an add is."""
+    cfg = node.config
+    table = check_name(table, "table")
+    key = check_name(key, "key")
+    if "op_id" not in query:
+        raise BadRequest("op_id: required (?op_id=<client-id>:<seq>), so that a retried "
+                         "delete is recognised", code="bad_op_id")
+    op = query_op(query, table, key, max_op_id_bytes=cfg.max_op_id_bytes,
+                  max_clock_skew_ms=int(cfg.max_clock_skew * 1000),
+                  stale_after_ms=stale_after_ms(cfg), clock=node.clock)
+    return await _one_op(node, op, mp)
+
+
+async def _one_op(node: Node, op: CheckedOp, mp: bool) -> bytes:
+    """An add or a delete on its own: its answer body, or the refusal it raises."""
+    table = op[0]
     _refuse_on_clock(node, 1)
     if _expired(node, op):
         node.metrics.expired += 1
         age_ms = op[5]
         raise OpExpired(f"op is {age_ms} ms old; this node recognises retries for "
                         f"{node.state.window(table):g} s")
-    status = (await node.submit(_as_ops([op]), _births(node, [op])))[0]
+    if op[3] is None:
+        status = (await node.delete(_as_ops([op]), _births(node, [op])))[0]
+    else:
+        status = (await node.submit(_as_ops([op]), _births(node, [op])))[0]
     if status == _EXPIRED:
         raise OpExpired(f"op became older than the dedup window ({node.state.window(table):g} s) "
                         "before its leader could apply it; outcome unknown")
@@ -216,6 +249,14 @@ async def post_batch(node: Node, read: BodyReader, content_type: str, mp: bool) 
     statuses = [_EXPIRED] * len(ops)
     live = [i for i, op in enumerate(ops) if not (op[5] and _expired(node, op))]  # age_ms 0: new
     node.metrics.expired += len(ops) - len(live)
+    removes = [i for i in live if ops[i][3] is None]
+    if removes:  # deletes run first, then the adds: a batch is not ordered between the two
+        sub = [ops[i] for i in removes]
+        for i, s in zip(removes, await node.delete(_as_ops(sub), _births(node, sub)),
+                        strict=True):
+            statuses[i] = s
+        gone = set(removes)
+        live = [i for i in live if i not in gone]
     if len(live) == len(ops):
         statuses = await node.submit(_as_ops(ops), _births(node, ops)) if ops else []
     elif live:
@@ -223,6 +264,60 @@ async def post_batch(node: Node, read: BodyReader, content_type: str, mp: bool) 
         for i, s in zip(live, await node.submit(_as_ops(sub), _births(node, sub)), strict=True):
             statuses[i] = s
     return batch_results(statuses, mp)
+
+
+async def post_read(node: Node, read: BodyReader, content_type: str, mp: bool) -> bytes:
+    """``POST /v1/read``: many counters, values in order."""
+    cfg = node.config
+    reads, consistency = check_reads(
+        decode_body(await read(), content_type, max_depth=cfg.max_nesting_depth),
+        max_reads=cfg.max_reads)
+    return encode({"values": await node.read_many(reads, consistency) if reads else []}, mp)
+
+
+async def scan_counters(node: Node, table: str, query: Mapping[str, str], mp: bool) -> bytes:
+    """``GET /v1/counters/{table}?prefix=&after=&limit=&consistency=``: one page of a scan."""
+    cfg = node.config
+    table = check_name(table, "table")
+    extra = set(query) - {"prefix", "after", "limit", "consistency"}
+    if extra:
+        raise BadRequest(f"query: unknown parameter {sorted(extra)[0]!r} (prefix, after, limit, "
+                         "consistency)", code="bad_query")
+    prefix = check_prefix(query.get("prefix"))
+    after = scans.decode_cursor(query.get("after"))
+    limit = check_limit(query.get("limit"), default=min(100, cfg.max_scan_limit),
+                        most=cfg.max_scan_limit)
+    consistency = check_consistency(query.get("consistency"))
+    page, nxt = await scans.scan_page(node, table, prefix, after, limit, consistency)
+    return encode({"counters": [{"key": k, "value": v} for k, v in page],
+                   "next": scans.encode_cursor(nxt) if nxt is not None else None}, mp)
+
+
+async def put_table(node: Node, table: str, read: BodyReader, content_type: str,
+                    mp: bool) -> bytes:
+    """``PUT /v1/tables/{table}`` ``{"ttl_s": seconds | null}``: agreed by the cluster (the
+    membership's claimant issues a version with it) before the answer."""
+    cfg = node.config
+    table = check_name(table, "table")
+    body = decode_body(await read(), content_type, max_depth=cfg.max_nesting_depth)
+    if not isinstance(body, dict) or "ttl_s" not in body or set(body) - {"ttl_s"}:
+        raise BadRequest('body: must be {"ttl_s": <seconds> | null}', code="bad_body")
+    try:
+        settings = TableSettings(table, body["ttl_s"], int(node.clock() * 1000))
+    except TableError as exc:
+        raise BadRequest(str(exc), code="bad_ttl") from exc
+    try:
+        await node.changes.change({"change": "table", **settings.to_wire()})
+    except (MembershipError, PeerError, TimeoutError) as exc:
+        raise Unavailable(f"the table setting could not be agreed with the cluster now: {exc}; "
+                          "nothing changed, retry", code="unavailable") from exc
+    got = node.membership.table(table)
+    return encode({"table": table, "ttl_s": got.ttl_s if got is not None else None}, mp)
+
+
+async def get_tables(node: Node, mp: bool) -> bytes:
+    """``GET /v1/tables``."""
+    return encode({"tables": await scans.tables(node)}, mp)
 
 
 async def get_counter(node: Node, table: str, key: str, consistency: str | None,

@@ -28,14 +28,15 @@ from cluster.core.errors import BadRequest
 from idc_contract import CONSISTENCIES, INT64_MAX, INT64_MIN, NAME_RE
 
 __all__ = ["CONSISTENCIES", "INT64_MAX", "INT64_MIN", "NAME_RE", "CheckedOp", "check_batch",
-           "check_consistency", "check_name", "check_op", "decode_body"]
+           "check_consistency", "check_limit", "check_name", "check_op", "check_prefix",
+           "check_reads", "decode_body", "query_op"]
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # not in an op id: a log frame header needs a NUL
 
 # (table, key, op_id, delta, attempt, age_ms): the five fields of a ``cluster.core.ops.Op`` and
 # the op's age. A plain tuple, built in the batch's fast path; the edge (``http_api``) expires it
-# by its age and submits ``Op._make(checked[:5])``.
-CheckedOp = tuple[str, str, str, int, int, int]
+# by its age and submits ``Op._make(checked[:5])``. A delete (``"op": "delete"``) has delta None.
+CheckedOp = tuple[str, str, str, Any, int, int]
 
 
 def is_msgpack(content_type: str) -> bool:
@@ -114,10 +115,18 @@ def check_op(op: Any, table: str, key: str, *, max_op_id_bytes: int,
         raise BadRequest(f"{where}op_id: not encodable as UTF-8", code="bad_op_id") from exc
     if too_long:
         raise BadRequest(f"{where}op_id: longer than {max_op_id_bytes} bytes", code="bad_op_id")
-    delta = op.get("delta")
-    if type(delta) is not int or not INT64_MIN <= delta <= INT64_MAX:
-        raise BadRequest(f"{where}delta: must be an integer in signed 64-bit range",
-                         code="bad_delta")
+    kind = op.get("op", "add")
+    if kind == "delete":
+        if "delta" in op:
+            raise BadRequest(f"{where}delta: a delete takes no delta", code="bad_delta")
+        delta: int | None = None
+    elif kind == "add":
+        delta = op.get("delta")
+        if type(delta) is not int or not INT64_MIN <= delta <= INT64_MAX:
+            raise BadRequest(f"{where}delta: must be an integer in signed 64-bit range",
+                             code="bad_delta")
+    else:
+        raise BadRequest(f"{where}op: 'add' (the default) or 'delete'", code="bad_op")
     attempt = _int_field(op, "attempt", where, 1, 1) if "attempt" in op else 1
     age_ms = _int_field(op, "age_ms", where, 0, 0) if "age_ms" in op else 0
     stale_ms = age_ms
@@ -195,6 +204,76 @@ def _ok_name(value: Any) -> bool:
 
 def _bad(where: str, field: str) -> BadRequest:
     return BadRequest(f"{where}{field}: must match [A-Za-z0-9_.:-]{{1,128}}", code=f"bad_{field}")
+
+
+def check_reads(body: Any, *, max_reads: int) -> tuple[list[tuple[str, str]], str]:
+    """``POST /v1/read``: ``{"reads": [{"table", "key"}, ...], "consistency"?}``, whole."""
+    if not isinstance(body, dict) or not isinstance(body.get("reads"), list):
+        raise BadRequest('body: must be {"reads": [{"table": ..., "key": ...}, ...]}',
+                         code="bad_body")
+    extra = set(body) - {"reads", "consistency"}
+    if extra:
+        raise BadRequest(f"body: unknown field {sorted(extra)[0]!r}", code="bad_body")
+    reads = body["reads"]
+    if len(reads) > max_reads:
+        raise BadRequest(f"reads: at most {max_reads} counters per read, got {len(reads)}",
+                         code="too_many_reads")
+    out = []
+    for i, item in enumerate(reads):
+        if not isinstance(item, dict) or set(item) != {"table", "key"}:
+            raise BadRequest(f'reads[{i}]: must be {{"table": ..., "key": ...}}',
+                             code="bad_body")
+        table, key = item["table"], item["key"]
+        if not _ok_name(table):
+            raise _bad(f"reads[{i}].", "table")
+        if not _ok_name(key):
+            raise _bad(f"reads[{i}].", "key")
+        out.append((table, key))
+    consistency = body.get("consistency")
+    if consistency is not None and not isinstance(consistency, str):
+        raise BadRequest(f"consistency: one of {', '.join(CONSISTENCIES)}",
+                         code="bad_consistency")
+    return out, check_consistency(consistency)
+
+
+def check_prefix(value: str | None) -> str:
+    """A scan's key prefix: empty, or the start of a name (same characters, at most 128)."""
+    if not value:
+        return ""
+    if len(value) > 128 or NAME_RE.fullmatch(value) is None:
+        raise BadRequest("prefix: must match [A-Za-z0-9_.:-]{0,128}", code="bad_prefix")
+    return value
+
+
+def check_limit(value: str | None, *, default: int, most: int) -> int:
+    """A scan page's ``limit``: 1 or more; capped to ``most``."""
+    if value is None or value == "":
+        return default
+    if not value.isdigit() or int(value) < 1 or len(value) > 12:
+        raise BadRequest("limit: must be an integer >= 1", code="bad_limit")
+    return min(int(value), most)
+
+
+def query_op(query: Any, table: str, key: str, *, max_op_id_bytes: int,
+             max_clock_skew_ms: int, stale_after_ms: int | None, clock: Callable[[], float],
+             ) -> CheckedOp:
+    """A delete from its query string (``op_id``, optional ``attempt``, ``age_ms``,
+    ``ts_ms``): the fields an op body carries, checked by the same rules."""
+    op: dict[str, Any] = {"op": "delete"}
+    for name in ("op_id", "attempt", "age_ms", "ts_ms"):
+        if name in query:
+            value = query[name]
+            if name != "op_id":
+                if not (value.isascii() and value.isdigit()) or len(value) > 19:
+                    raise BadRequest(f"{name}: must be an integer >= 0", code=f"bad_{name}")
+                value = int(value)
+            op[name] = value
+    extra = set(query) - {"op_id", "attempt", "age_ms", "ts_ms"}
+    if extra:
+        raise BadRequest(f"query: unknown parameter {sorted(extra)[0]!r}", code="bad_query")
+    return check_op(op, table, key, max_op_id_bytes=max_op_id_bytes,
+                    max_clock_skew_ms=max_clock_skew_ms, stale_after_ms=stale_after_ms,
+                    clock=clock)
 
 
 def check_consistency(value: str | None) -> str:

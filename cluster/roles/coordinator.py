@@ -71,10 +71,13 @@ class Coordinator:
                  links: dict[str, PeerLink], metrics: NodeMetrics, *,
                  lead: Callable[[Sequence[Op], Sequence[float] | None], Any],
                  is_live: Callable[[], Callable[[str], bool]],
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 lead_deletes: Callable[[Sequence[Op], Sequence[float] | None], Any]
+                 | None = None) -> None:
         self.id, self.config, self.ring, self.links, self.metrics = (node_id, config, ring,
                                                                       links, metrics)
         self._lead = lead
+        self._lead_deletes = lead_deletes
         self._is_live = is_live
         self.clock = clock
 
@@ -82,6 +85,17 @@ class Coordinator:
                      ) -> list[int]:
         """Route every op to its leader (one FORWARD frame per leader); statuses in op order.
         ``births``: when each op was first sent (wall clock, seconds; now when not given)."""
+        return await self._route(ops, births, self._lead, Kind.FORWARD)
+
+    async def submit_deletes(self, ops: Sequence[Op], births: Sequence[float] | None = None
+                             ) -> list[int]:
+        """Route deletes to their keys' leaders as ``submit`` routes adds (DELETE frames)."""
+        assert self._lead_deletes is not None
+        return await self._route(ops, births, self._lead_deletes, Kind.DELETE)
+
+    async def _route(self, ops: Sequence[Op], births: Sequence[float] | None,
+                     lead: Callable[[Sequence[Op], Sequence[float] | None], Any], kind: Kind
+                     ) -> list[int]:
         me = self.id
         if births is None:
             births = [self.clock()] * len(ops)
@@ -89,8 +103,8 @@ class Coordinator:
             table, key, _op_id, _delta, _attempt = ops[0]
             leader = self.ring.leader(table, key, self._is_live())
             if leader == me:
-                return await self._lead(ops, births)
-            return await self._forward(leader, list(ops), births)
+                return await lead(ops, births)
+            return await self._forward(leader, list(ops), births, lead, kind)
         groups: dict[str | None, list[int]] = {}
         prefs_of, leader_of = self.ring.preference_list, self.ring.leader
         is_live = self._is_live()
@@ -112,24 +126,27 @@ class Coordinator:
         waits = []
         for leader, idx in groups.items():
             sub, born = [ops[i] for i in idx], [births[i] for i in idx]
-            waits.append(self._lead(sub, born) if leader == me
-                         else self._forward(leader, sub, born))
+            waits.append(lead(sub, born) if leader == me
+                         else self._forward(leader, sub, born, lead, kind))
         for idx, statuses in zip(groups.values(), await asyncio.gather(*waits), strict=True):
             for i, s in zip(idx, statuses, strict=True):
                 out[i] = s
         return out
 
-    async def _forward(self, leader: str | None, ops: list[Op], births: Sequence[float]
-                       ) -> list[int]:
+    async def _forward(self, leader: str | None, ops: list[Op], births: Sequence[float],
+                       lead: Callable[[Sequence[Op], Sequence[float] | None], Any],
+                       kind: Kind) -> list[int]:
         if leader is None:
             return [_UNAVAILABLE] * len(ops)
         self.metrics.forwarded += len(ops)
-        fut = self.links[leader].call(Kind.FORWARD, _stamped(ops, births))
+        fut = self.links[leader].call(kind, _stamped(ops, births))
+        # a delete reads a quorum before it writes one: it may take two quorum waits
+        timeout = self.config.quorum_timeout * (1.5 if kind == Kind.FORWARD else 2.5)
         try:
-            statuses = await asyncio.wait_for(fut, self.config.quorum_timeout * 1.5)
+            statuses = await asyncio.wait_for(fut, timeout)
         except PeerError as exc:  # the leader is unreachable: the next live replica leads
             log.info("forward to %s failed, re-routing: %r", leader, exc)
-            return await self._reroute(leader, ops, births)
+            return await self._reroute(leader, ops, births, lead, kind)
         except (TimeoutError, Unavailable) as exc:
             log.warning("forward to %s failed: %r", leader, exc)
             return [_UNAVAILABLE] * len(ops)
@@ -137,8 +154,9 @@ class Coordinator:
             return [_UNAVAILABLE] * len(ops)
         return statuses
 
-    async def _reroute(self, failed: str, ops: list[Op], births: Sequence[float]
-                       ) -> list[int]:
+    async def _reroute(self, failed: str, ops: list[Op], births: Sequence[float],
+                       lead: Callable[[Sequence[Op], Sequence[float] | None], Any],
+                       kind: Kind) -> list[int]:
         """Lead or forward (once) to the next live replica. The failed leader may have applied
         some of the ops, so they go as retries (attempt >= 2): checked on the replicas first."""
         is_live = self._is_live()
@@ -153,10 +171,10 @@ class Coordinator:
             if leader is None:
                 continue
             if leader == self.id:
-                res = await self._lead(sub, born)
+                res = await lead(sub, born)
             else:
                 try:
-                    call = self.links[leader].call(Kind.FORWARD, _stamped(sub, born))
+                    call = self.links[leader].call(kind, _stamped(sub, born))
                     res = await asyncio.wait_for(call, self.config.quorum_timeout * 1.5)
                 except (TimeoutError, Unavailable):
                     continue

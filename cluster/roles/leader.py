@@ -246,6 +246,7 @@ class Leader:
             return statuses, None, groups, dup_waits
         # unpublished: applied hidden until the quorum acks (each item gets its new pair)
         self.state.shards.apply_hidden_items(applied)
+        self.state.touch(applied)
         self.state.hold_many(applied, hidden=True)
         op_ids, tables, keys, _origins, ps, ns, deltas, _ts = zip(*applied, strict=True)
         if max(ps) >= SAFE_ENTRY or max(ns) >= SAFE_ENTRY:

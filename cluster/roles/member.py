@@ -26,7 +26,7 @@ from cluster.core.metrics import NodeMetrics
 from cluster.core.ops import Item, ItemFields, Op
 from cluster.core.ring import RING_HASH
 from cluster.core.shards import CounterEntry
-from cluster.roles import antientropy, checks, membership, settle
+from cluster.roles import antientropy, checks, deletes, membership, scans, settle
 from cluster.roles.admission import needs_check, stale_after_ms
 from cluster.roles.antientropy import Hints
 from cluster.roles.claims import Claims
@@ -34,7 +34,7 @@ from cluster.roles.coordinator import Coordinator, unstamped
 from cluster.roles.failure import FailureDetector
 from cluster.roles.leader import Leader
 from cluster.roles.quorum import next_incarnation, quorum_future
-from cluster.roles.reads import read_counter
+from cluster.roles.reads import read_counter, read_values
 from cluster.roles.replica import Replica
 from cluster.roles.state import NodeState
 from cluster.transport.auth import PeerAuth, load_secret
@@ -84,6 +84,7 @@ class Node:
         if membership.departed(self.membership, self.id):  # it left while it was down
             self.departed.set()
         self.state = NodeState(config, clock=clock)
+        self.state.use_tables(self.membership.tables)
         self.origin = self.id  # becomes "<id>@<incarnation>" in recover()
         self.log = log if log is not None else DurableLog(
             data_dir / "log", fsync=config.fsync, archive=config.keep_log)
@@ -125,7 +126,7 @@ class Node:
         self.replica = Replica(self.state, self.log, self.claims, self.metrics, clock=clock)
         self.coordinator = Coordinator(self.id, config, self.ring, self.links, self.metrics,
                                        lead=self.lead, is_live=lambda: self.is_live,
-                                       clock=clock)
+                                       clock=clock, lead_deletes=self.lead_deletes)
         self.changes = membership.Changes(self)
         self.metrics.ring_version = self.membership.version
 
@@ -160,7 +161,9 @@ class Node:
         self._keep_ring(ms)
         self.membership = ms
         self.installed_at = self.monotonic()
-        self.use_placement(ms.placement())
+        self.state.use_tables(ms.tables)
+        if _placed(ms) != _placed(current):  # a version of table settings alone moves nothing
+            self.use_placement(ms.placement())
         for m in ms.members:
             if m.id == self.id:
                 continue
@@ -412,6 +415,10 @@ class Node:
             "ring": {"vnodes": self.ring.vnodes, "hash": RING_HASH,
                      "key": "<table>/<key>"},
             "counters": state.shards.keys,
+            "max_reads": self.config.max_reads,
+            "max_scan_limit": self.config.max_scan_limit,
+            "tombstone_grace_s": self.config.tombstone_grace,
+            "table_settings": {t: s.to_wire() for t, s in state.tables.items()},
             "live": {pid: self.is_live(pid) for pid in self.links},
             "in_doubt": len(state.pending),
             "hints": {pid: self.hints.pending(pid) for pid in self.links},
@@ -433,12 +440,40 @@ class Node:
             return done
         if self.is_live == self.detector.is_live:
             self.detector.check_all()  # after a pause, see the silence before leading anything
+        if self.state.ttl_tables and deletes.expire_ops(self, ops):
+            return asyncio.ensure_future(self._lead_expired(ops, births))
+        return self._lead_checked(ops, births)
+
+    def _lead_checked(self, ops: Sequence[Op], births: Sequence[float] | None
+                      ) -> asyncio.Future[list[int]]:
         degraded = self.recently_degraded()
         suspected = self.state.suspected if self.state.pulled else None
         if any(needs_check(op, degraded, suspected) for op in ops):
             return asyncio.ensure_future(checks.lead_checked(self, list(ops), births))
         return self.leader.submit(
             ops, None if births is None else checks.birth_limits(self, ops, births))
+
+    async def _lead_expired(self, ops: Sequence[Op], births: Sequence[float] | None
+                            ) -> list[int]:
+        """Ops on keys that expired here: each key is deleted by time first, so the op
+        starts its counter from 0 (``cluster.roles.deletes.expire_first``)."""
+        if not await deletes.expire_first(self, ops):
+            return [_UNAVAILABLE] * len(ops)
+        return await self._lead_checked(ops, births)
+
+    def lead_deletes(self, ops: Sequence[Op], births: Sequence[float] | None = None
+                     ) -> asyncio.Future[list[int]]:
+        """Lead deletes (``cluster.roles.deletes``); a node still recovering leads none."""
+        if not self.ready or self.refuses_clock(len(ops)):
+            done: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+            done.set_result([_UNAVAILABLE] * len(ops))
+            return done
+        return asyncio.ensure_future(deletes.lead_deletes(self, ops))
+
+    async def delete(self, ops: Sequence[Op], births: Sequence[float] | None = None
+                     ) -> list[int]:
+        """Route deletes to their leaders (the edge's entry, as ``submit`` is for adds)."""
+        return await self.coordinator.submit_deletes(ops, births)
 
     def handle_peer(self, peer_id: str, kind: int, body: Any) -> Any:
         """Dispatch one inbound peer frame (the ``PeerProtocol`` handler)."""
@@ -452,6 +487,14 @@ class Node:
                 self.metrics.stale_ring_refusals += len(body)
                 return [_UNAVAILABLE] * len(body)
             return self.lead(*unstamped(body, stale_after_ms(self.config), self.clock()))
+        if kind == Kind.DELETE:
+            if self.behind_ring(peer_id):  # routed by an old ring: the client retries
+                self.metrics.stale_ring_refusals += len(body)
+                return [_UNAVAILABLE] * len(body)
+            return self.lead_deletes(*unstamped(body, stale_after_ms(self.config),
+                                                self.clock()))
+        if kind == Kind.SCAN:
+            return [scans.on_scan(self, b) for b in body]
         if kind == Kind.READ:
             return self.replica.on_read(body)
         if kind == Kind.REPAIR:
@@ -495,4 +538,15 @@ class Node:
 
     async def read(self, table: str, key: str, consistency: str) -> int:
         """Merge the entries of ``consistency`` many replicas; repair the stale ones seen."""
+        self.metrics.reads += 1
         return await read_counter(self, table, key, consistency)
+
+    async def read_many(self, reads: Sequence[tuple[str, str]], consistency: str) -> list[int]:
+        """``read`` of many counters: one READ frame per replica of each replica set."""
+        self.metrics.reads += len(reads)
+        return await read_values(self, reads, consistency)
+
+
+def _placed(ms: Membership) -> tuple[Any, ...]:
+    """What a membership's placement of keys is built from."""
+    return ms.members, ms.rf, ms.vnodes, ms.reads_new

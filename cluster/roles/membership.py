@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from cluster.core.config import NodeConfig, parse_hostport
 from cluster.core.errors import ConfigError, Departed
 from cluster.core.membership import LEFT, Membership, MembershipError
+from cluster.core.tables import TableError, TableSettings
 from cluster.roles import antientropy, settle
 from cluster.transport.peer import PeerLink
 from cluster.transport.wire import Kind
@@ -150,7 +151,7 @@ class Changes:
             node.install(Membership.from_wire(item.get("ring")))
             return node.membership.version
         if op == "change":
-            if item.get("change") not in ("join", "leave", "replace"):  # finish is the
+            if item.get("change") not in ("join", "leave", "replace", "table"):  # finish is the
                 # driver's own, after the hold: asked for early, it would break the guarantee
                 raise MembershipError("a change is join, leave or replace; a move finishes by "
                                       "itself")
@@ -209,11 +210,19 @@ def _apply(ms: Membership, req: dict[str, Any], now: float) -> Membership:
         return ms.finish(now)
     if kind == "abort":
         return ms.abort()
+    if kind == "table":  # a table's settings (cluster.core.tables), issued with the claimant's
+        try:  # clock as their since_ms
+            settings = TableSettings.from_wire({**req, "since_ms": int(now * 1000)})
+        except TableError as exc:
+            raise MembershipError(str(exc)) from exc
+        return ms.set_table(settings)
     raise MembershipError(f"unknown change {kind!r}")
 
 
 def _describe(req: dict[str, Any]) -> str:
     kind = req.get("change")
+    if kind == "table":
+        return f"table {req.get('name')} ttl_s={req.get('ttl_s')}"
     if kind == "replace":
         return f"{req.get('id')} replaces {req.get('replaces')}"
     return f"{kind} {req.get('id', '')}".strip()

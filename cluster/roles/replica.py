@@ -81,6 +81,7 @@ class Replica:
             for item in items:
                 claims.applied(item[ITEM_OP_ID])
         self.state.shards.merge_items(items)
+        self.state.touch(items)
         self.metrics.replicated_in += len(items)
         if not items:
             durable = self.log.append_nowait([])

@@ -14,16 +14,19 @@ from typing import Any
 import msgpack
 
 from cluster.core.config import NodeConfig
+from cluster.core.entry import LAST, CounterEntry, is_real
 from cluster.core.ops import (
     ITEM_KEY,
     ITEM_OP_ID,
     ITEM_ORIGIN,
     ITEM_TABLE,
+    ITEM_TS,
     Item,
     ItemFields,
     Op,
 )
 from cluster.core.shards import ShardStore
+from cluster.core.tables import TableSettings, settings_map
 
 SNAPSHOT_VERSION = 1
 _OP_TABLE, _OP_KEY, _OP_ID = (Op._fields.index(f) for f in ("table", "key", "op_id"))
@@ -65,6 +68,37 @@ class NodeState:
         # doubt, which only that node's settling may decide (``cluster.roles.settle``).
         self.pulled: dict[str, list[Any]] = {}
         self.pulled_until = 0.0
+        # the agreed table settings (``cluster.core.tables``), from the installed membership;
+        # ``ttl_tables``: the names of those with a ttl, whose writes keep the key's LAST
+        self.tables: dict[str, TableSettings] = {}
+        self.ttl_tables: frozenset[str] = frozenset()
+
+    def use_tables(self, tables: Iterable[TableSettings]) -> None:
+        self.tables = settings_map(tables)
+        self.ttl_tables = frozenset(t.name for t in self.tables.values() if t.ttl_s is not None)
+
+    def touch(self, items: Iterable[ItemFields]) -> None:
+        """Items applied or merged here: in a table with a ttl, the key's last change
+        (``LAST``) rises to the item's time. Every replica derives it from the same items, and
+        it is a pair, so repairs carry it too."""
+        ttl = self.ttl_tables
+        if not ttl:
+            return
+        merge = self.shards.merge_pair
+        for item in items:
+            table = item[ITEM_TABLE]
+            if table in ttl:
+                merge(table, item[ITEM_KEY], LAST, int(item[ITEM_TS] * 1000), 0)
+
+    def expired(self, table: str, entry: CounterEntry, now: float) -> bool:
+        """Has the key whose entry this is expired by its table's ttl at ``now`` (seconds)?"""
+        settings = self.tables.get(table)
+        return settings is not None and settings.ttl_s is not None and settings.expired(
+            entry.last_change_ms(), int(now * 1000))
+
+    def read_value(self, table: str, entry: CounterEntry, now: float) -> int:
+        """What a read answers of ``entry``: its value, 0 once expired."""
+        return 0 if self.expired(table, entry, now) else entry.value()
 
     def set_origin(self, origin: str) -> None:
         """The origin id this node raises from now on (a fresh incarnation)."""
@@ -209,6 +243,8 @@ class NodeState:
                ts: float) -> None:
         """Re-apply one logged record: merge the pair, remember the id while its window lasts."""
         self.shards.merge_pair(table, key, origin, p, n)
+        if table in self.ttl_tables and op_id and is_real(origin):
+            self.shards.merge_pair(table, key, LAST, int(ts * 1000), 0)
         if op_id:
             d = self.dedup(table)
             if self.clock() - ts <= max(d.window, self.config.window):

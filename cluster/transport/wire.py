@@ -57,6 +57,12 @@ class Kind(IntEnum):
     # RING body: [{"op": "get"|"install"|"change"|"sync", ...}, ...] -> one answer each
     # (elastic membership, cluster/roles/membership.py)
     RING = 10
+    # DELETE body: FORWARD's items (delta 0) -> [status, ...] (cluster/roles/deletes.py)
+    DELETE = 11
+    # SCAN body: [{"table", "prefix", "after": [leaf, key] | None, "limit"}] -> [{"keys":
+    # [[key, {origin: [p, n]}], ...] in (leaf, key) order, "more": bool}]; or [{"tables": true}]
+    # -> [[table, ...]] (cluster/roles/scans.py)
+    SCAN = 12
     REPLY = 100
     ERROR = 101
 

@@ -1,0 +1,139 @@
+"""Deletes and expiry at a key's leader: observed removes written as floors (docs/deletes.md).
+
+A delete reads the key's entry from a read quorum (so it sees every increment acknowledged
+before it was sent: each is on W replicas), then writes, for each origin it saw, that origin's
+pair as the floor of the origin (``CounterEntry.floors``) through the write path's replication:
+the floors are REPLICATE items carrying the delete's op id, so every replica that merges them also
+learns the id (a retried delete is a duplicate), logs them before it acks, and hints, anti-entropy,
+read repair, snapshots and replay carry them as they carry any pair. The leader answers once W
+replicas hold them durably, its own log included.
+
+An increment the delete's read did not see raises its pair above the floor and counts whole; one
+it saw lies under it on every replica that learns the floor, whatever order the two arrive in.
+
+Expiry is a delete made by time: before a leader applies an op to a key of a table with a ttl
+that its own state shows expired, it deletes the key the same way (``expire_first``), so the op
+starts the counter from 0 on every replica instead of reviving what expired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from cluster.core.errors import Unavailable
+from cluster.core.ops import ItemFields, Op
+from cluster.roles.host import Host
+from cluster.roles.leader import Leader
+from cluster.roles.reads import read_entries
+from cluster.transport.wire import Status
+from cluster.wal import DurableLog, RecordKind, record_fields
+
+log = logging.getLogger("cluster.deletes")
+
+REPLICA = int(RecordKind.REPLICA)
+_APPLIED, _DUPLICATE = int(Status.APPLIED), int(Status.DUPLICATE)
+_UNAVAILABLE = int(Status.UNAVAILABLE)
+
+
+class Node(Host, Protocol):
+    """What deletes need of their node."""
+
+    leader: Leader
+    log: DurableLog
+
+    def clock(self) -> float: ...
+
+    def is_live(self, node: str) -> bool: ...
+
+    def on_repair(self, items: list[list[Any]], op_id: str = "") -> asyncio.Future[None]: ...
+
+
+async def lead_deletes(node: Node, ops: Sequence[Op]) -> list[int]:
+    """Delete the keys of ``ops`` (deletes this node leads); a status each, in order."""
+    if not ops:
+        return []
+    try:
+        entries = await read_entries(node, [(op[0], op[1]) for op in ops], "quorum")
+    except Unavailable:
+        node.metrics.unavailable += len(ops)
+        return [_UNAVAILABLE] * len(ops)
+    # from here to the replication, no await: the dedup check, the floors and their log append
+    state = node.state
+    dups = state.seen_or_add_ops(ops)
+    now = node.clock()
+    now_ms = int(now * 1000)
+    statuses: list[int] = []
+    items: list[list[Any]] = []
+    groups: dict[tuple[str, ...], list[ItemFields]] = {}
+    merge = state.shards.merge_pair
+    for (table, key, op_id, _delta, _attempt), entry, dup in zip(ops, entries, dups,
+                                                                  strict=True):
+        if dup:
+            statuses.append(_DUPLICATE)
+            continue
+        statuses.append(_APPLIED)
+        mine: list[list[Any]] = [[op_id, table, key, origin, p, n, 0, now]
+                for origin, (p, n) in entry.floors(now_ms).items()]
+        for _id, _t, _k, origin, p, n, _d, _ts in mine:
+            merge(table, key, origin, p, n)
+        items.extend(mine)
+        groups.setdefault(node.leader.targets_of(table, key), []).extend(mine)
+    node.metrics.duplicates += sum(dups)
+    replicated: list[asyncio.Future[bool]] = []
+    if items:
+        own = node.log.append_columns_nowait(
+            *record_fields(REPLICA, *zip(*items, strict=True)))
+        replicated = [node.leader.replicate(targets, group, own)
+                      for targets, group in groups.items()]
+    # a copy of a delete in flight (here or in an earlier batch) goes as the delete goes
+    inflight = node.leader._inflight
+    waits = [(i, inflight[op[2]]) for i, op in enumerate(ops)
+             if dups[i] and op[2] in inflight]
+    if replicated:
+        results = await asyncio.gather(*replicated)
+        failed = {item[0] for group, ok in zip(groups.values(), results, strict=True)
+                  if not ok for item in group}
+        for i, op in enumerate(ops):
+            if op[2] in failed and not dups[i]:
+                statuses[i] = _UNAVAILABLE
+                node.metrics.unavailable += 1
+        node.metrics.deletes += sum(1 for s in statuses if s == _APPLIED)
+    for i, fut in waits:  # a duplicate of a delete in flight: as it goes, so does its copy
+        if not await asyncio.shield(fut):
+            statuses[i] = _UNAVAILABLE
+    return statuses
+
+
+def expire_ops(node: Node, ops: Sequence[Op]) -> list[Op]:
+    """Deletes by time for the keys of ``ops`` that this node's own state shows expired (tables
+    with a ttl only): what ``expire_first`` runs before leading ``ops``. Its op id is derived
+    from the key's last change, so every leader that expires the same state names the same
+    delete (its replicas take a second one as a duplicate)."""
+    state = node.state
+    if not state.ttl_tables:
+        return []
+    now = node.clock()
+    out: dict[tuple[str, str], Op] = {}
+    entry = state.shards.entry
+    for table, key, _op_id, _delta, _attempt in ops:
+        if table not in state.ttl_tables or (table, key) in out:
+            continue
+        e = entry(table, key)
+        if e.live() and state.expired(table, e, now):
+            out[(table, key)] = Op(table, key, f"~expire:{key}:{e.last_change_ms()}", 0, 1)
+    return list(out.values())
+
+
+async def expire_first(node: Node, ops: Sequence[Op]) -> bool:
+    """Expire the keys of ``ops`` that this node's state shows expired before they are led;
+    False when a delete could not reach its quorum (the ops then answer 503: applying them on
+    top of an expired counter would revive it)."""
+    expiring = expire_ops(node, ops)
+    if not expiring:
+        return True
+    node.metrics.expired_keys += len(expiring)
+    statuses = await lead_deletes(node, expiring)
+    return all(s in (_APPLIED, _DUPLICATE) for s in statuses)
