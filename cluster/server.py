@@ -28,6 +28,7 @@ from cluster.edge.http_api import Edge, http_protocol, load_tokens, make_app
 from cluster.edge.listener import Listener, server_ssl
 from cluster.edge.raw import RawServer
 from cluster.roles.antientropy import antientropy_loop
+from cluster.roles.expiry import expiry_loop
 from cluster.roles.failure import heartbeat_loop
 from cluster.roles.member import Node
 from cluster.roles.membership import depart, gone, move_loop
@@ -107,6 +108,7 @@ class NodeServer:
                                 name="anti-entropy"),
             asyncio.create_task(move_loop(node, node.changes), name="moves"),
             asyncio.create_task(shed_loop(node), name="shedding"),
+            asyncio.create_task(expiry_loop(node), name="expiry"),
             asyncio.create_task(self._depart_when_left(), name="departure")]
         log.info("node ready", extra={"fields": {
             "node": node.id, "address": f"{host}:{port}", "replayed": replayed,

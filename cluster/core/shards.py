@@ -45,7 +45,7 @@ from cluster.core.digests import (
     key_hash,
     pair_hash,
 )
-from cluster.core.entry import CounterEntry, Pair, value_of
+from cluster.core.entry import FLOOR, CounterEntry, Pair, value_of
 from cluster.core.ops import ItemFields
 from cluster.core.pages import MAX_ORIGINS, Page
 from cluster.core.store_kernel import install
@@ -477,6 +477,10 @@ class ShardStore:
 
     def tables(self) -> Iterator[str]:
         return iter(self._tables)
+
+    def has_floors(self) -> bool:
+        """Some key here holds a floor or a last change (a delete or a ttl was ever seen)."""
+        return any(o.startswith(FLOOR) for o in self._origins)
 
     def scan(self, table: str, after: tuple[int, str] | None, prefix: str, limit: int,
              budget: int) -> tuple[list[tuple[int, str, CounterEntry]], tuple[int, str] | None]:

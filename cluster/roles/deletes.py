@@ -34,8 +34,8 @@ from cluster.wal import DurableLog, RecordKind, record_fields
 log = logging.getLogger("cluster.deletes")
 
 REPLICA = int(RecordKind.REPLICA)
-_APPLIED, _DUPLICATE = int(Status.APPLIED), int(Status.DUPLICATE)
-_UNAVAILABLE = int(Status.UNAVAILABLE)
+APPLIED = _APPLIED = int(Status.APPLIED)
+_DUPLICATE, _UNAVAILABLE = int(Status.DUPLICATE), int(Status.UNAVAILABLE)
 
 
 class Node(Host, Protocol):
@@ -51,8 +51,12 @@ class Node(Host, Protocol):
     def on_repair(self, items: list[list[Any]], op_id: str = "") -> asyncio.Future[None]: ...
 
 
-async def lead_deletes(node: Node, ops: Sequence[Op]) -> list[int]:
-    """Delete the keys of ``ops`` (deletes this node leads); a status each, in order."""
+async def lead_deletes(node: Node, ops: Sequence[Op], *, only_expired: bool = False
+                       ) -> list[int]:
+    """Delete the keys of ``ops`` (deletes this node leads); a status each, in order.
+    ``only_expired``: deletes by time, each made only if the key's entry as the read quorum
+    has it is expired too (this node's own copy may have missed a later write); one that is
+    not answers duplicate, having changed nothing."""
     if not ops:
         return []
     try:
@@ -60,6 +64,16 @@ async def lead_deletes(node: Node, ops: Sequence[Op]) -> list[int]:
     except Unavailable:
         node.metrics.unavailable += len(ops)
         return [_UNAVAILABLE] * len(ops)
+    if only_expired:
+        now = node.clock()
+        keep = [i for i, (op, e) in enumerate(zip(ops, entries, strict=True))
+                if e.live() and node.state.expired(op[0], e, now)]
+        if len(keep) < len(ops):
+            out = [_DUPLICATE] * len(ops)
+            done = await lead_deletes(node, [ops[i] for i in keep]) if keep else []
+            for i, st in zip(keep, done, strict=True):
+                out[i] = st
+            return out
     # from here to the replication, no await: the dedup check, the floors and their log append
     state = node.state
     dups = state.seen_or_add_ops(ops)
@@ -134,6 +148,6 @@ async def expire_first(node: Node, ops: Sequence[Op]) -> bool:
     expiring = expire_ops(node, ops)
     if not expiring:
         return True
-    node.metrics.expired_keys += len(expiring)
-    statuses = await lead_deletes(node, expiring)
+    statuses = await lead_deletes(node, expiring, only_expired=True)
+    node.metrics.expired_keys += sum(1 for s in statuses if s == _APPLIED)
     return all(s in (_APPLIED, _DUPLICATE) for s in statuses)

@@ -26,6 +26,7 @@ from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
 from cluster.core.config import NodeConfig
+from cluster.core.entry import floor_of
 from cluster.core.membership import Placement
 from cluster.core.metrics import NodeMetrics
 from cluster.core.ops import ITEM_OP_ID, ItemFields, Op
@@ -41,6 +42,7 @@ from cluster.wal import DurableLog, LogError, RecordKind, record_fields
 log = logging.getLogger("cluster.leader")
 
 APPLY, PUBLISHED = int(RecordKind.APPLY), int(RecordKind.PUBLISHED)
+REPLICA = int(RecordKind.REPLICA)
 _APPLIED, _DUPLICATE, _UNAVAILABLE = int(Status.APPLIED), int(Status.DUPLICATE), int(
     Status.UNAVAILABLE)
 
@@ -217,6 +219,8 @@ class Leader:
         groups: dict[tuple[str, ...], list[ItemFields]] = {}
         dup_waits: list[tuple[int, asyncio.Future[bool]]] = []
         confirms: list[tuple[int, tuple[str, str, str]]] = []
+        collected = self.state.collected
+        floors: list[list[Any]] = []
         for (table, key, op_id, delta, _attempt), dup in zip(ops, dups, strict=True):
             if dup:
                 wait = inflight.get(op_id)
@@ -234,9 +238,13 @@ class Leader:
             applied.append(item)
             group = groups.get(targets)
             if group is None:
-                groups[targets] = [item]
-            else:
-                group.append(item)
+                group = groups[targets] = []
+            if collected and table in collected:
+                floor = self._restart(table, key, op_id, collected[table], now)
+                if floor is not None:
+                    group.append(floor)  # before the op's item: replicas learn it first
+                    floors.append(floor)
+            group.append(item)
         self.metrics.duplicates += len(ops) - len(applied)
         if confirms and self._confirm is not None:
             confirmed = asyncio.ensure_future(self._confirm([c for _i, c in confirms]))
@@ -251,10 +259,27 @@ class Leader:
         op_ids, tables, keys, _origins, ps, ns, deltas, _ts = zip(*applied, strict=True)
         if max(ps) >= SAFE_ENTRY or max(ns) >= SAFE_ENTRY:
             self.admission.near_limit = True  # from now on every batch is checked op by op
+        if floors:  # queued before the APPLY records: durable no later than they are
+            self.log.append_columns_nowait(*record_fields(REPLICA, *zip(*floors, strict=True)))
         # origin and ts are one value for the whole frame (shared, not a column)
         own = self.log.append_columns_nowait(
             *record_fields(APPLY, op_ids, tables, keys, me, ps, ns, deltas, now))
         return statuses, own, groups, dup_waits
+
+    def _restart(self, table: str, key: str, op_id: str, high: int, now: float
+                 ) -> list[Any] | None:
+        """This node raises its own pair on a key of a table it collected keys of: if it holds
+        no pair of its own there (it may have collected the key), the pair starts at ``high``
+        with a floor at ``high`` (``cluster.roles.expiry``): above any copy of the old pair a
+        replica still holds, counting from 0. The floor's REPLICATE item, or None."""
+        shards = self.state.shards
+        if not high or shards.own_pair(table, key) != (0, 0):
+            return None
+        me = shards.own
+        floor = floor_of(me)
+        shards.merge_pair(table, key, floor, high, high)
+        shards.merge_pair(table, key, me, high, high)
+        return [op_id, table, key, floor, high, high, 0, now]
 
     def targets_of(self, table: str, key: str) -> tuple[str, ...]:
         """The key's replicas other than this node (cached per preference list); while a

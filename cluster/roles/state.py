@@ -72,6 +72,10 @@ class NodeState:
         # ``ttl_tables``: the names of those with a ttl, whose writes keep the key's LAST
         self.tables: dict[str, TableSettings] = {}
         self.ttl_tables: frozenset[str] = frozenset()
+        # table -> the highest count this origin's pairs reached on keys it collected there
+        # (``cluster.roles.expiry``): a pair it raises again on a key it no longer holds
+        # starts above it (``cluster.roles.leader``)
+        self.collected: dict[str, int] = {}
 
     def use_tables(self, tables: Iterable[TableSettings]) -> None:
         self.tables = settings_map(tables)

@@ -13,6 +13,7 @@ from typing import Any, cast
 from cluster.core.config import NodeConfig, from_mapping
 from cluster.core.membership import Membership
 from cluster.roles.antientropy import antientropy_loop
+from cluster.roles.expiry import expiry_loop
 from cluster.roles.failure import heartbeat_loop
 from cluster.roles.member import Node
 from cluster.roles.membership import depart, move_loop
@@ -149,6 +150,7 @@ class World:
         host.spawn(_sweep_loop(node, 4 * cfg.quorum_timeout))
         host.spawn(move_loop(node, node.changes))
         host.spawn(shed_loop(node))
+        host.spawn(expiry_loop(node))
         host.spawn(self._depart(host, node))
 
     async def _depart(self, host: Host, node: Node) -> None:
