@@ -132,7 +132,8 @@ def _schemas(max_batch_ops: int, max_op_id_bytes: int) -> dict[str, Any]:
             "type": "object",
             "required": ["ops"],
             "properties": {
-                "ops": {"type": "array", "maxItems": max_batch_ops, "items": _ref("BatchOp")},
+                "ops": {"type": "array", "maxItems": max_batch_ops,
+                        "items": {"oneOf": [_ref("BatchOp"), _ref("DeleteOp")]}},
             },
             "description": f"At most {max_batch_ops} ops, checked whole before any runs: one "
                            "bad op rejects the batch (400, the message names `ops[i].field`).",
@@ -168,6 +169,71 @@ def _schemas(max_batch_ops: int, max_op_id_bytes: int) -> dict[str, Any]:
             "type": "object",
             "required": ["value"],
             "properties": {"value": {"type": "integer"}},
+        },
+        "DeleteOp": {
+            "type": "object",
+            "required": ["table", "key", "op_id", "op"],
+            "properties": {"table": _ref("Name"), "key": _ref("Name"),
+                           "op": {"type": "string", "enum": ["delete"]},
+                           **{k: v for k, v in op_fields.items() if k != "delta"}},
+            "description": "A delete in a batch: every increment acknowledged before it was "
+                           "sent is removed, none sent after it was acknowledged.",
+        },
+        "Reads": {
+            "type": "object",
+            "required": ["reads"],
+            "properties": {
+                "reads": {"type": "array", "items": {
+                    "type": "object", "required": ["table", "key"],
+                    "properties": {"table": _ref("Name"), "key": _ref("Name")},
+                    "additionalProperties": False}},
+                "consistency": {"type": "string", "enum": ["one", "quorum", "all"],
+                                "default": "quorum"},
+            },
+            "additionalProperties": False,
+            "description": "At most `max_reads` counters (/v1/health), 400 `too_many_reads` "
+                           "above.",
+        },
+        "Values": {
+            "type": "object",
+            "required": ["values"],
+            "properties": {"values": {"type": "array", "items": {"type": "integer"},
+                                      "description": "One value per read, in order: 0 for a "
+                                                     "counter never written, deleted or expired."}},
+        },
+        "ScanPage": {
+            "type": "object",
+            "required": ["counters", "next"],
+            "properties": {
+                "counters": {"type": "array", "items": {
+                    "type": "object", "required": ["key", "value"],
+                    "properties": {"key": _ref("Name"), "value": {"type": "integer"}}}},
+                "next": {"type": "string", "nullable": True,
+                         "description": "The cursor of the next page (`after`); null on the "
+                                        "last. A page may be short, even empty, before the last."},
+            },
+        },
+        "TableSettings": {
+            "type": "object",
+            "required": ["ttl_s"],
+            "properties": {"ttl_s": {"type": "number", "nullable": True, "minimum": 1,
+                                     "description": "Seconds after its last write a counter "
+                                                    "expires; null: never."}},
+            "additionalProperties": False,
+        },
+        "Table": {
+            "type": "object",
+            "required": ["table", "ttl_s"],
+            "properties": {"table": _ref("Name"),
+                           "ttl_s": {"type": "number", "nullable": True}},
+        },
+        "Tables": {
+            "type": "object",
+            "required": ["tables"],
+            "properties": {"tables": {"type": "array", "items": {
+                "type": "object", "required": ["name", "ttl_s"],
+                "properties": {"name": _ref("Name"),
+                               "ttl_s": {"type": "number", "nullable": True}}}}},
         },
         "Ready": {
             "type": "object",
@@ -338,6 +404,28 @@ def spec(
                      "content": _both(_ref("WriteResult"))},
                     *write_errors, "NotFound", "Expired", "Unavailable"),
             },
+            "delete": {
+                "operationId": "delete",
+                "summary": "Delete the counter (observed remove), exactly once per op_id",
+                "description": "Removes every increment acknowledged before the delete was sent "
+                               "and none sent after it was acknowledged; the counter is usable "
+                               "again at once, from 0. A retry must reuse the op_id: it is then "
+                               "a duplicate, a success.",
+                "parameters": [
+                    {"name": "op_id", "in": "query", "required": True,
+                     "schema": {"type": "string", "minLength": 1, "maxLength": max_op_id_bytes}},
+                    {"name": "attempt", "in": "query", "required": False,
+                     "schema": {"type": "integer", "minimum": 1}},
+                    {"name": "age_ms", "in": "query", "required": False,
+                     "schema": {"type": "integer", "minimum": 0}},
+                    {"name": "ts_ms", "in": "query", "required": False,
+                     "schema": {"type": "integer", "minimum": 0}},
+                ],
+                "responses": _resp(
+                    {"description": "Applied now, or a duplicate of a delete already applied.",
+                     "content": _both(_ref("WriteResult"))},
+                    "BadRequest", "Unauthorized", "NotFound", "Expired", "Unavailable", *edge),
+            },
             "get": {
                 "operationId": "get_counter",
                 "summary": "Read the counter",
@@ -351,6 +439,71 @@ def spec(
                 "responses": _resp(
                     {"description": "The merged value.", "content": _both(_ref("Value"))},
                     "BadRequest", "Unauthorized", "NotFound", "Unavailable", *edge),
+            },
+        },
+        "/v1/counters/{table}": {
+            "parameters": [_path_params()[0]],
+            "get": {
+                "operationId": "scan",
+                "summary": "One page of a scan of the table's counters",
+                "description": "Pages chained by `next`: every counter that exists for the "
+                               "whole scan comes back exactly once, whatever is written, "
+                               "deleted or moved meanwhile. Deleted and expired counters are "
+                               "left out.",
+                "parameters": [
+                    {"name": "prefix", "in": "query", "required": False,
+                     "schema": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{0,128}$"},
+                     "description": "Only keys starting with it."},
+                    {"name": "after", "in": "query", "required": False,
+                     "schema": {"type": "string", "maxLength": 400},
+                     "description": "The previous page's `next`, as it was handed out."},
+                    {"name": "limit", "in": "query", "required": False,
+                     "schema": {"type": "integer", "minimum": 1, "default": 100},
+                     "description": "Most counters in the page (capped to `max_scan_limit`)."},
+                    {"name": "consistency", "in": "query", "required": False,
+                     "schema": {"type": "string", "enum": ["one", "quorum", "all"],
+                                "default": "quorum"}},
+                ],
+                "responses": _resp(
+                    {"description": "A page.", "content": _both(_ref("ScanPage"))},
+                    "BadRequest", "Unauthorized", "NotFound", "Unavailable", *edge),
+            },
+        },
+        "/v1/read": {
+            "post": {
+                "operationId": "read",
+                "summary": "Read many counters at once",
+                "description": "Values in order, at the consistency asked; keys are grouped by "
+                               "replica set, one peer frame per replica.",
+                "requestBody": _body("Reads", max_body_bytes, {"reads": [
+                    {"table": "likes", "key": "post-42"}], "consistency": "quorum"}),
+                "responses": _resp(
+                    {"description": "One value per read.", "content": _both(_ref("Values"))},
+                    "BadRequest", "Unauthorized", "TooLarge", "Unavailable", *edge),
+            },
+        },
+        "/v1/tables": {
+            "get": {
+                "operationId": "tables",
+                "summary": "The cluster's tables and their settings",
+                "responses": _resp(
+                    {"description": "Every table a member holds counters of or has settings "
+                                    "for.", "content": _both(_ref("Tables"))},
+                    "Unauthorized", *edge),
+            },
+        },
+        "/v1/tables/{table}": {
+            "parameters": [_path_params()[0]],
+            "put": {
+                "operationId": "put_table",
+                "summary": "Set a table's ttl, agreed by the whole cluster",
+                "description": "Held by every member once answered (a member joining later "
+                               "gets it). A counter not written for `ttl_s` reads 0, leaves "
+                               "scans and is removed; a write after starts it from 0.",
+                "requestBody": _body("TableSettings", max_body_bytes, {"ttl_s": 3600}),
+                "responses": _resp(
+                    {"description": "The table's settings now.", "content": _both(_ref("Table"))},
+                    "BadRequest", "Unauthorized", "TooLarge", "Unavailable", *edge),
             },
         },
         "/v1/batch": {

@@ -15,11 +15,11 @@ Every ``sweep_interval`` each node walks its keys, a step at a time:
 
 Dropping a key drops this node's own pair of it too. A replica that has not dropped it yet may
 still hold that pair, and a new pair started from 0 would lie under it (max-merge): the write
-after would be lost there. So before dropping, the node records durably, per table, the highest
-count its own pairs of the dropped keys reached (``collected``); when it later raises its own
-pair on a key it does not hold in such a table, the pair starts at that mark, with a floor at
-the same mark (``cluster.roles.leader``): above every old copy, and counting only what comes
-after.
+after would be lost there. So before dropping, the node records, per table, the highest count
+its own pairs of the dropped keys reached (``collected``); when it later raises its own pair on
+a key it does not hold in such a table, the pair starts at that mark, with a floor at the same
+mark (``cluster.roles.leader``): above every old copy, and counting only what comes after. The
+mark lives as long as the process: a restarted node raises a new origin (``<id>@<n>``).
 """
 
 from __future__ import annotations
@@ -116,8 +116,7 @@ class Sweeper:
 
 def collect(node: Node, table: str, keys: list[str]) -> int:
     """Drop ``keys`` (tombstones past their grace) of ``table``; how many were dropped. The
-    highest count this node's own pairs of them reached is made durable first (module
-    docstring)."""
+    highest count this node's own pairs of them reached is noted first (module docstring)."""
     shards = node.state.shards
     own, floor = shards.own, floor_of(shards.own)
     high = 0

@@ -13,7 +13,6 @@ Run as ``python -m cluster.node`` (``cluster/node.py``; the CLI is ``cluster.cli
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -22,7 +21,6 @@ from typing import Any
 
 from cluster.core.clock import PeerClocks
 from cluster.core.config import NodeConfig
-from cluster.core.errors import ConfigError
 from cluster.core.membership import LEFT, Membership, Placement
 from cluster.core.metrics import NodeMetrics
 from cluster.core.ops import Item, ItemFields, Op
@@ -43,7 +41,6 @@ from cluster.transport.auth import PeerAuth, load_secret
 from cluster.transport.peer import PeerLink, peer_ssl
 from cluster.transport.wire import Kind, Status
 from cluster.wal import DurableLog, RecordKind
-from cluster.wal.files import write_durably
 
 __all__ = ["Node", "next_incarnation", "quorum_future"]
 
@@ -348,7 +345,6 @@ class Node:
         self.state.set_origin(self.origin)
         if self._data_dir is not None:
             membership.persist(self._data_dir, self.membership)
-            self.state.collected = load_collected(self._data_dir, self.origin)
         await self.log.start()
         blob = self.log.load_snapshot()
         if blob is not None:
@@ -433,10 +429,9 @@ class Node:
 
     def save_collected(self, table: str, high: int) -> None:
         """Before keys of ``table`` are collected: the highest count this origin's pairs of
-        them reached, durably (``cluster.roles.expiry``)."""
+        them reached (``cluster.roles.expiry``). Kept in memory only: a restarted node raises
+        a new origin (``<id>@<incarnation>``), of which no replica holds an old pair."""
         self.state.collected[table] = max(high, self.state.collected.get(table, 0))
-        if self._data_dir is not None:
-            save_collected(self._data_dir, self.origin, self.state.collected)
 
     # -- leading -----------------------------------------------------------------------
 
@@ -562,23 +557,3 @@ def _placed(ms: Membership) -> tuple[Any, ...]:
     """What a membership's placement of keys is built from."""
     return ms.members, ms.rf, ms.vnodes, ms.reads_new
 
-
-COLLECTED_FILE = "collected.json"
-
-
-def load_collected(data_dir: Path, origin: str) -> dict[str, int]:
-    """This origin's collected marks (``save_collected``); none for a new origin."""
-    try:
-        data = json.loads((data_dir / COLLECTED_FILE).read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{data_dir / COLLECTED_FILE}: unreadable ({exc}); it holds what "
-                          "this node's collected counters reached: restore it or --replace "
-                          "this node") from exc
-    mine = data.get(origin, {}) if isinstance(data, dict) else {}
-    return {str(t): int(h) for t, h in mine.items()}
-
-
-def save_collected(data_dir: Path, origin: str, marks: Mapping[str, int]) -> None:
-    write_durably(data_dir / COLLECTED_FILE, json.dumps({origin: dict(marks)}))
