@@ -54,8 +54,8 @@ async def read_entries(node: Node, reads: Sequence[tuple[str, str]], consistency
     replicas seen are repaired. ``Unavailable`` when some key's group has too few answers."""
     groups: dict[tuple[str, ...], list[int]] = {}
     prefs_of = node.ring.preference_list
-    for i, (table, key) in enumerate(reads):
-        groups.setdefault(prefs_of(table, key), []).append(i)
+    for i, (table, key) in enumerate(reads):  # by replica set: the order of a list differs
+        groups.setdefault(tuple(sorted(prefs_of(table, key))), []).append(i)
     out = [CounterEntry()] * len(reads)
     results = await asyncio.gather(*[
         _read_group(node, prefs, [reads[i] for i in idx], consistency)
