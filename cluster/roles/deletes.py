@@ -23,6 +23,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from cluster.core.entry import LAST
 from cluster.core.errors import Unavailable
 from cluster.core.ops import ItemFields, Op
 from cluster.roles.host import Host
@@ -130,12 +131,16 @@ def expire_ops(node: Node, ops: Sequence[Op]) -> list[Op]:
     if not state.ttl_tables:
         return []
     now = node.clock()
+    now_ms = int(now * 1000)
     out: dict[tuple[str, str], Op] = {}
-    entry = state.shards.entry
+    shards = state.shards
     for table, key, _op_id, _delta, _attempt in ops:
         if table not in state.ttl_tables or (table, key) in out:
             continue
-        e = entry(table, key)
+        settings = state.tables[table]
+        if not settings.expired(shards.pair(table, key, LAST)[0], now_ms):
+            continue  # the common case, a key written lately: one pair looked up
+        e = shards.entry(table, key)
         if e.live() and state.expired(table, e, now):
             out[(table, key)] = Op(table, key, f"~expire:{key}:{e.last_change_ms()}", 0, 1)
     return list(out.values())

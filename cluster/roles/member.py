@@ -350,6 +350,7 @@ class Node:
         if blob is not None:
             self.state.load_blob(blob)
         count = 0
+        newest = 0.0
         replay, pending = self.state.replay, dict(self.state.pending)
         with self.state.shards.loading():  # digests: one whole pass after, in steps
             for rec in self.log.replay():
@@ -357,6 +358,8 @@ class Node:
                 if kind in (APPLY, REPLICA, WITHDRAW):
                     replay(rec.op_id, rec.table, rec.key, rec.origin, rec.p, rec.n, rec.ts)
                     count += 1
+                    if rec.ts > newest:
+                        newest = rec.ts
                 if kind == APPLY:  # the item it logged (the other way round from record_fields)
                     pending[rec.op_id] = Item(rec.op_id, rec.table, rec.key, rec.origin, rec.p,
                                               rec.n, rec.delta, rec.ts)
@@ -366,6 +369,15 @@ class Node:
                         self.state.withdrawn[rec.op_id] = rec.ts
             self.state.set_pending(list(pending.values()))  # unpublished: hidden until settled
         self.metrics.replayed = count
+        away = self.clock() - newest
+        if count and away > self.config.tombstone_grace:
+            log.warning("this node's newest record is %.0f s old, more than tombstone_grace "
+                        "(%g s): its replicas may have collected deletes it never saw, which "
+                        "its copies would bring back. Unless the whole cluster was stopped, "
+                        "start it on an empty data dir with --replace %s (docs/deletes.md)",
+                        away, self.config.tombstone_grace, self.id,
+                        extra={"fields": {"away_s": round(away), "grace_s":
+                                          self.config.tombstone_grace}})
         if count or blob is not None:  # a restart: others may have led our keys meanwhile
             self._degraded_until = self.monotonic() + self.config.window
         if incarnation > 1:  # the claims given before the crash are gone (claims.Claims)
