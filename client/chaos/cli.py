@@ -3,6 +3,8 @@ nemesis schedule plays; then heal, wait for quiet, read every replica, check lik
 
     python -m client.chaos                                # 3 local nodes, every nemesis, 30 s
     python -m client.chaos --duration 20 --nemesis lost-ack,duplicate,kill
+    python -m client.chaos --mix delete=0.03,multiget=0.05,scan=0.02   # deletes, multi-gets
+                                                          # and scans besides the adds
     python -m client.chaos --duration 32 --nemesis membership   # nodes join, leave, are
                                                           # replaced, crash mid-move (nodes
                                                           # get --window 2: a move lasts
@@ -46,11 +48,37 @@ def _pair(text: str) -> tuple[float, float]:
     return a, b
 
 
-def _mix(text: str) -> tuple[float, float, float]:
-    parts = [float(x) for x in text.split(",")]
-    if len(parts) != 3 or min(parts) < 0 or sum(parts) <= 0:
-        raise argparse.ArgumentTypeError("expected INCR,DECR,READ weights, e.g. 0.7,0.2,0.1")
-    return parts[0], parts[1], parts[2]
+MIX_DEFAULT = {"incr": 0.7, "decr": 0.2, "read": 0.1, "delete": 0.0, "multiget": 0.0,
+               "scan": 0.0}
+MIX_HELP = ("op weights: INCR,DECR,READ (e.g. 0.7,0.2,0.1), or NAME=W,... over incr, decr, "
+            "read, delete, multiget, scan, and add (its weight split 7:2 between incr and "
+            "decr); a name not given keeps its default (incr 0.7, decr 0.2, read 0.1, the "
+            "others 0), e.g. delete=0.03,multiget=0.05,scan=0.02")
+
+
+def _mix(text: str) -> dict[str, float]:
+    try:
+        if "=" not in text:
+            parts = [float(x) for x in text.split(",")]
+            if len(parts) != 3:
+                raise ValueError
+            mix = {**MIX_DEFAULT, "incr": parts[0], "decr": parts[1], "read": parts[2]}
+        else:
+            mix = dict(MIX_DEFAULT)
+            for item in text.split(","):
+                name, _, w = item.partition("=")
+                name = name.strip()
+                if name == "add":
+                    mix["incr"], mix["decr"] = float(w) * 7 / 9, float(w) * 2 / 9
+                elif name in mix:
+                    mix[name] = float(w)
+                else:
+                    raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad --mix {text!r}; {MIX_HELP}") from None
+    if min(mix.values()) < 0 or sum(mix.values()) <= 0:
+        raise argparse.ArgumentTypeError(f"--mix {text!r}: weights must be >= 0, not all 0")
+    return mix
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,8 +110,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "at 0 (default: 'chaos' on a fresh local cluster; with --nodes URLS a "
                         "new 'chaos-<random>' per run, so runs against one cluster never share "
                         "counters)")
-    w.add_argument("--mix", type=_mix, default=(0.7, 0.2, 0.1), help="INCR,DECR,READ weights")
+    w.add_argument("--mix", type=_mix, default=dict(MIX_DEFAULT), help=MIX_HELP)
     w.add_argument("--max-delta", type=int, default=3)
+    w.add_argument("--multiget-keys", type=int, default=4,
+                   help="a multi-get reads 1..N distinct keys")
+    w.add_argument("--scan-page-size", type=int, default=20)
+    w.add_argument("--scan-keys", type=int, default=100,
+                   help="a scan covers the keys under a random prefix that at most N of the "
+                        "workload's keys start with")
+    w.add_argument("--read-consistency", default="quorum", choices=("one", "quorum", "all"),
+                   help="of reads, multi-gets and scans (the checker does not judge 'one')")
     w.add_argument("--attempt-timeout", type=float, default=0.5)
     w.add_argument("--total-timeout", type=float, default=10.0,
                    help="per op; clipped to the cluster's advertised window")
@@ -124,10 +160,12 @@ def config_from_args(args: argparse.Namespace) -> ChaosConfig:
         nodes = int(args.nodes)
     else:
         urls = tuple(u for u in args.nodes.split(",") if u.strip())
-    inc, dec, read = args.mix
     wl = WorkloadConfig(clients=args.clients, concurrency=args.concurrency, rate=args.rate,
-                        duration=args.duration, keys=args.keys, incr=inc, decr=dec, read=read,
-                        max_delta=args.max_delta, attempt_timeout=args.attempt_timeout,
+                        duration=args.duration, keys=args.keys, **args.mix,
+                        max_delta=args.max_delta, multiget_keys=args.multiget_keys,
+                        scan_page_size=args.scan_page_size, scan_keys=args.scan_keys,
+                        read_consistency=args.read_consistency,
+                        attempt_timeout=args.attempt_timeout,
                         total_timeout=args.total_timeout, batch_interval=args.batch_interval,
                         coalesce=args.coalesce, send_age=not args.no_age,
                         table=args.table or ("chaos" if not urls else

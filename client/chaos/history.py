@@ -7,6 +7,22 @@
     {"index": 12, "time": 2.0, "process": "nemesis", "type": "info", "f": "start",
      "value": "kill", "detail": {"node": "n2"}}
 
+Deletes, multi-gets and scans (``client.checker`` reads them; keys are always ``table/key``):
+
+    {"type": "invoke", "f": "delete", "key": "chaos/k1", "value": null, ...}
+    {"type": "ok"|"fail"|"info", "f": "delete", "key": "chaos/k1", "value": null,
+     "op_id": "c1:18", "attempts": 1, "duplicate": true, "node": "...", "error": "..."}
+    {"type": "invoke", "f": "multiget", "keys": ["chaos/k1", "chaos/k4"], "value": null,
+     "consistency": "quorum", ...}
+    {"type": "ok", "f": "multiget", "keys": [...], "value": [3, 0], "consistency": "quorum"}
+    {"type": "invoke", "f": "scan", "table": "chaos", "prefix": "k1", "page_size": 20,
+     "value": null, "consistency": "quorum", ...}
+    {"type": "ok", "f": "scan", "table": "chaos", "prefix": "k1", "consistency": "quorum",
+     "value": [["chaos/k1", 3], ["chaos/k10", 0]]}      # every page of the scan, in order
+
+A failed multi-get or scan is ``fail`` with ``error`` (a scan also says how many counters it
+had ``returned`` before it failed); reads carry their ``consistency`` too.
+
 ``time`` is seconds since the run began (monotonic). A process runs one op at a time; after an
 ``info`` (outcome unknown) the driver continues under a new process id, as Jepsen does, so the
 crashed op stays concurrent with everything after it.

@@ -30,7 +30,8 @@ def render(res: ChaosResult) -> str:
     lines += ["", f"over-count {r.over_count}   under-count {r.under_count}   "
                   f"cluster healthy after heal: {'yes' if res.healthy else 'NO'}"]
     if res.valid:
-        lines.append("RESULT: VALID - every read in bounds, final values exact, replicas agree")
+        lines.append("RESULT: VALID - every read in bounds, final values exact, replicas agree"
+                     + (", scans whole" if r.scans else ""))
     else:
         lines.append("RESULT: INVALID")
         for p in r.problems:
@@ -78,11 +79,20 @@ def _counts(res: ChaosResult) -> list[str]:
         "",
         f"adds        {r.ops:>8}   acknowledged {r.acknowledged:>7}   failed {r.failed:>6}   "
         f"indeterminate {r.indeterminate:>5}",
-        f"reads ok    {r.reads:>8}   read errors  {len(r.read_errors):>7}",
+        f"reads ok    {r.reads:>8}   read errors  {len(r.read_errors):>7}"
+        + (f"   unjudged (consistency one) {r.reads_unjudged}" if r.reads_unjudged else ""),
         f"retries     {r.retries:>8}   duplicates absorbed {r.duplicates_absorbed:>6}   "
         f"(client: {s.get('attempts', 0)} attempts, {s.get('http_requests', 0)} requests, "
         f"{s.get('batches', 0)} batches)",
     ]
+    if r.deletes:
+        lines.append(f"deletes     {r.deletes:>8}   acknowledged {r.deletes_ok:>7}   "
+                     f"failed {r.deletes_failed:>6}   indeterminate {r.deletes_indeterminate:>5}")
+    if r.multigets or r.scans:
+        kinds = Counter(e.kind for e in r.scan_errors)
+        lines.append(f"multi-gets  {r.multigets:>8}   ({r.multiget_values} values)   scans "
+                     f"{r.scans} ({r.scan_values} values); scan violations: "
+                     + (", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) or "none"))
     if res.latency_ms:
         lat = res.latency_ms
         lines.append(f"ack latency ms: p50 {lat['p50']}  p95 {lat['p95']}  p99 {lat['p99']}  "
@@ -119,8 +129,9 @@ def _finals(res: ChaosResult) -> list[str]:
         vals = " ".join(f"{n}={v}" for n, v in f.values.items())
         rng = _ranges(f.ranges)
         mark = "ok " if f.valid else "BAD"
+        since = f" (after {f.deletes} deletes)" if f.deletes else ""
         lines.append(f"  {mark} {f.key:<14} {vals:<36} acked {f.acknowledged:<6} "
-                     f"+subset of {f.indeterminate} unknown -> {rng}")
+                     f"+subset of {f.indeterminate} unknown{since} -> {rng}")
     return lines
 
 
