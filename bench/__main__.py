@@ -10,7 +10,7 @@ import sys
 
 BENCHMARKS = ("bench.bench_fbf", "bench.bench_dleft", "bench.bench_hotpath", "bench.bench_wire",
               "bench.bench_wal", "bench.bench_cluster", "bench.bench_scale", "bench.bench_redis",
-              "bench.bench_floor", "bench.bench_inprocess")
+              "bench.bench_floor", "bench.bench_inprocess", "bench.bench_counters")
 
 
 def main(argv: list[str]) -> int:

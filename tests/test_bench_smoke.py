@@ -70,3 +70,34 @@ def test_the_soak_finds_nodes_started_with_a_relative_data_dir(tmp_path: Path) -
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.timeout(180)
+def test_bench_counters_runs_quick() -> None:
+    """Multi-get, deletes, a scan checked key by key and a short churn, each printing its
+    table (the targets are printed and judged, not asserted: they depend on the machine)."""
+    done = subprocess.run([sys.executable, "-m", "bench.bench_counters", "--quick"], cwd=ROOT,
+                          timeout=170, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    out = done.stdout
+    assert "check: a multi-get of 100 counters at quorum read every value right" in out
+    assert "node CPU a counter, single GET / multi-get:" in out
+    assert "node CPU a delete / an add (single):" in out
+    assert "node CPU a delete / an add (batch):" in out
+    assert "deleted counters read 0" in out
+    assert "20000 keys written, 20000 returned" in out and "every key exactly once" in out
+    assert "churn: RSS (MiB) and keys held by each node" in out
+    assert "n3: RSS after the second period:" in out
+
+
+def test_churn_flatness_is_judged_from_its_base_sample() -> None:
+    from bench.bench_counters import flatness
+
+    rows = [{"t": float(t), "n1_rss_mib": rss, "n1_keys": keys}
+            for t, rss, keys in ((0, 50.0, 0), (10, 90.0, 9), (20, 100.0, 10), (30, 114.0, 10),
+                                 (40, 86.0, 10))]
+    got = flatness(rows, ["n1"], 20, "from t=20")["n1"]
+    assert got["from_t"] == 20 and got["rss_base_mib"] == 100.0 and got["within_15pct"]
+    assert got["max_deviation_pct"] == 14.0 and got["keys_max"] == 10
+    assert not flatness(rows, ["n1"], 10, "from t=10")["n1"]["within_15pct"]  # 114 / 90
+    assert flatness(rows, ["n1"], 40, "too late") == {}  # one sample judges nothing
