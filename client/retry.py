@@ -6,6 +6,12 @@ jitter. An op's deadline (``ClientConfig.budget``) keeps every attempt inside th
 cluster advertises, so any attempt that reaches a node is still recognised as a retry there.
 Each op ends as an ``AddResult`` (applied or duplicate), or as an error that says what is known:
 ``RejectedError``/``NotAppliedError`` (certainly not applied) or ``OutcomeUnknownError``.
+
+An op is an add or a delete (``PendingOp.kind``); both take the same path: a delete has an op id
+from the same source, keeps it through every retry, and a retry answered "duplicate" is a
+success. On its own a delete is ``DELETE /v1/counters/{table}/{key}?op_id=..&attempt=..&age_ms=..
+&ts_ms=..``; in a batch it is the item ``{"table", "key", "op_id", "op": "delete", "attempt",
+"age_ms", "ts_ms"}`` (no ``delta``).
 """
 
 from __future__ import annotations
@@ -31,11 +37,14 @@ from client.errors import (
 from client.stats import ClientStats
 from client.transport import HttpTransport, op_result_error
 
+ADD, DELETE = "add", "delete"
+
 
 @dataclass(frozen=True, slots=True)
 class AddResult:
-    """A successful add: ``applied`` the first time, ``duplicate`` when an earlier attempt had
-    already been applied (its ack was lost); either way the op counted exactly once."""
+    """A successful add (or delete, ``kind``): ``applied`` the first time, ``duplicate`` when an
+    earlier attempt had already been applied (its ack was lost); either way the op took effect
+    exactly once. A delete's ``delta`` is 0."""
 
     op_id: str
     delta: int
@@ -44,27 +53,41 @@ class AddResult:
     attempts: int
     node: str
     coalesced: int = 1
+    kind: str = ADD
 
 
 class PendingOp:
-    """One op id on its way; ``waiters`` are the callers (several when coalesced)."""
+    """One op id on its way; ``waiters`` are the callers (several when coalesced).
+
+    ``on_finish`` is called once, when the op ends whichever way (the batcher uses it to let
+    the ops that wait behind this one on its key go); ``finish`` and ``give_up`` do nothing
+    after the first end."""
 
     __slots__ = ("table", "key", "delta", "op_id", "created", "deadline", "attempts",
-                 "maybe_sent", "waiters", "coalesced", "last_error")
+                 "maybe_sent", "waiters", "coalesced", "last_error", "kind", "on_finish",
+                 "ended")
 
     def __init__(self, table: str, key: str, delta: int, op_id: str, created: float,
-                 deadline: float) -> None:
+                 deadline: float, kind: str = ADD) -> None:
         self.table, self.key, self.delta, self.op_id = table, key, delta, op_id
         self.created, self.deadline = created, deadline
+        self.kind = kind
         self.attempts = 0
         self.maybe_sent = False  # some attempt may have reached a node
         self.waiters: list[asyncio.Future[AddResult]] = []
         self.coalesced = 1
         self.last_error: ClientError | None = None
+        self.on_finish: Callable[[PendingOp], None] | None = None
+        self.ended = False
 
     def wire(self, now: float, send_age: bool = True) -> dict[str, Any]:
-        out = {"table": self.table, "key": self.key, "op_id": self.op_id, "delta": self.delta,
-               "attempt": self.attempts}
+        out: dict[str, Any]
+        if self.kind == DELETE:
+            out = {"table": self.table, "key": self.key, "op_id": self.op_id, "op": DELETE,
+                   "attempt": self.attempts}
+        else:
+            out = {"table": self.table, "key": self.key, "op_id": self.op_id,
+                   "delta": self.delta, "attempt": self.attempts}
         if send_age:
             age_ms = int((now - self.created) * 1000)
             out["age_ms"] = age_ms
@@ -74,6 +97,9 @@ class PendingOp:
         return out
 
     def finish(self, result: AddResult | BaseException) -> None:
+        if self.ended:
+            return
+        self.ended = True
         for fut in self.waiters:
             if fut.done():
                 continue
@@ -81,9 +107,14 @@ class PendingOp:
                 fut.set_exception(result)
             else:
                 fut.set_result(result)
+        hook, self.on_finish = self.on_finish, None
+        if hook is not None:
+            hook(self)
 
     def give_up(self, stats: ClientStats, *, closing: bool = False) -> None:
         """End without an answer: unknown if any attempt may have been applied."""
+        if self.ended:
+            return
         why = "client closed" if closing else "deadline passed"
         last = f"; last error: {self.last_error}" if self.last_error else ""
         err: ClientError
@@ -157,6 +188,10 @@ class RetryLoop:
             use_batch = len(pending) > 1 if batch_endpoint is None else batch_endpoint
             try:
                 outcomes = await self._send(node, pending, now, timeout, use_batch)
+            except asyncio.CancelledError:
+                for op in pending:  # cut off mid-attempt: the request may have been applied
+                    op.maybe_sent = True
+                raise
             except TransientError as exc:
                 self._attempt_failed(node, exc, pending)
                 continue
@@ -182,6 +217,8 @@ class RetryLoop:
             return [op_result_error(r, node) or r for r in results]
         body = pending[0].wire(now, self.send_age)
         table, key = body.pop("table"), body.pop("key")
+        if body.pop("op", None) == DELETE:
+            return [await self.transport.delete_op(node, table, key, body, timeout=timeout)]
         return [await self.transport.post_op(node, table, key, body, timeout=timeout)]
 
     async def _sleep_backoff(self, turn: int, pending: list[PendingOp]) -> None:
@@ -219,7 +256,7 @@ class RetryLoop:
                 stats.duplicates += dup
                 stats.applied += not dup
                 op.finish(AddResult(op.op_id, op.delta, not dup, dup, op.attempts, node,
-                                    op.coalesced))
+                                    op.coalesced, op.kind))
                 continue
             stats.errors[type(out).__name__] += 1
             if isinstance(out, TransientError):

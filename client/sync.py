@@ -3,21 +3,27 @@
     with SyncCounterClient(["127.0.0.1:7101"]) as c:
         c.incr("pageviews", "home")
         c.get("pageviews", "home")
+        c.get_many("pageviews", ["home", "about"])
+        for key, value in c.scan("pageviews", prefix="ho"):
+            ...
+        c.delete("pageviews", "home")
+        c.set_table("pageviews", ttl_s=86400.0)
 
 Calls from many threads are fine: they all hand their coroutine to the one loop, so automatic
-batching works across threads too.
+batching (and the order of each key's adds and deletes) works across threads too. A ``scan``
+iterator asks for each page on the loop as the iteration reaches it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine, Generator, Sequence
 from typing import Any, TypeVar
 
 from client.errors import ClientClosedError, ClientError
 from client.retry import AddResult
-from client.sdk import BatchOp, CounterClient
+from client.sdk import BatchOp, CounterClient, ReadPair
 from client.stats import ClientStats
 
 T = TypeVar("T")
@@ -94,6 +100,46 @@ class SyncCounterClient:
             node: str | None = None) -> int:
         return self._call(self.client.get(table, key, consistency, node=node))
 
+    def get_many(self, table: str, keys: Sequence[str],
+                 consistency: str = "quorum") -> list[int]:
+        return self._call(self.client.get_many(table, keys, consistency))
+
+    def get_many_pairs(self, reads: Sequence[ReadPair],
+                       consistency: str = "quorum") -> list[int]:
+        return self._call(self.client.get_many_pairs(reads, consistency))
+
+    def scan(self, table: str, prefix: str = "", page_size: int = 1000,
+             consistency: str = "quorum") -> Generator[tuple[str, int], None, None]:
+        """``CounterClient.scan`` as a plain iterator (arguments checked now); ``close()`` it
+        to stop early."""
+        pages = self.client.scan_pages(table, prefix, page_size, consistency)
+        return (item for page in self._iterate(pages) for item in page)
+
+    def scan_pages(self, table: str, prefix: str = "", page_size: int = 1000,
+                   consistency: str = "quorum") -> Generator[list[tuple[str, int]], None, None]:
+        return self._iterate(self.client.scan_pages(table, prefix, page_size, consistency))
+
+    def _iterate(self, agen: AsyncIterator[T]) -> Generator[T, None, None]:
+        """Each step of ``agen`` run on the loop; closing the iterator closes it there."""
+        try:
+            while True:
+                done, item = self._call(_step(agen))
+                if done:
+                    return
+                yield item
+        finally:
+            if self._loop is not None:
+                self._call(_close(agen))
+
+    def delete(self, table: str, key: str) -> AddResult:
+        return self._call(self.client.delete(table, key))
+
+    def set_table(self, table: str, ttl_s: float | None = None) -> dict[str, Any]:
+        return self._call(self.client.set_table(table, ttl_s))
+
+    def tables(self) -> list[dict[str, Any]]:
+        return self._call(self.client.tables())
+
     def health(self, node: str | None = None) -> dict[str, Any]:
         return self._call(self.client.health(node))
 
@@ -121,3 +167,16 @@ class SyncCounterClient:
             if thread is not None:
                 thread.join(10.0)
             loop.close()
+
+
+async def _step(agen: AsyncIterator[T]) -> tuple[bool, Any]:
+    try:
+        return False, await agen.__anext__()
+    except StopAsyncIteration:
+        return True, None
+
+
+async def _close(agen: AsyncIterator[Any]) -> None:
+    aclose = getattr(agen, "aclose", None)
+    if aclose is not None:
+        await aclose()

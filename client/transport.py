@@ -9,6 +9,7 @@ import json
 import ssl
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 import msgpack
@@ -110,12 +111,33 @@ class HttpTransport:
             raise ServerError(f"{base}: batch answer has the wrong shape", node=base)
         raise status_error(status, payload, base)
 
+    async def delete_op(self, base: str, table: str, key: str, params: Mapping[str, Any], *,
+                        timeout: float) -> dict[str, Any]:
+        """``DELETE /v1/counters/{table}/{key}?op_id=..`` with the op's fields (``op_id``,
+        ``attempt``, ``age_ms``, ``ts_ms``) as query parameters; answered like an add."""
+        return await self.call_json("DELETE", base, f"/v1/counters/{table}/{key}",
+                                    params=query(params), timeout=timeout)
+
     async def get_json(self, base: str, path: str, *, timeout: float,
                        params: str = "") -> dict[str, Any]:
-        status, payload = await self.request("GET", f"{base}{path}{params}", timeout=timeout)
+        return await self.call_json("GET", base, path, params=params, timeout=timeout)
+
+    async def call_json(self, method: str, base: str, path: str, body: Any = None, *,
+                        timeout: float, params: str = "") -> dict[str, Any]:
+        """One request whose 200 answer is an object; any other answer raises its error.
+        ``params``: the query string, ``?`` included (see ``query``)."""
+        status, payload = await self.request(method, f"{base}{path}{params}", body,
+                                             timeout=timeout)
         if status == 200 and isinstance(payload, dict):
             return payload
         raise status_error(status, payload, base)
+
+
+def query(params: Mapping[str, Any]) -> str:
+    """``?a=1&b=x`` from the parameters that are not None (``""`` when none is); values are
+    percent-encoded except ``:``, which op ids carry and a query may hold as it is."""
+    kept = {k: v for k, v in params.items() if v is not None}
+    return "?" + urlencode(kept, safe=":") if kept else ""
 
 
 def _decode(raw: bytes, ctype: str, url: str) -> Any:
@@ -154,4 +176,4 @@ def op_result_error(result: Mapping[str, Any], node: str) -> Exception | None:
     return status_error(int(status) if isinstance(status, int) else 503, result, node)
 
 
-__all__ = ["HttpTransport", "TransientError", "op_result_error", "status_error"]
+__all__ = ["HttpTransport", "TransientError", "op_result_error", "query", "status_error"]
