@@ -18,13 +18,15 @@ about the op's outcome.
         +-- DeadlineExceededError        no         unknown    total deadline (inside the window)
         +-- OpExpiredError               no         unknown    410: older than the cluster's window
 
-``TransientError`` is what one attempt raises inside the retry loop; callers see it only from
-the low-level transport. A call either succeeds (a duplicate answer is a success: the op was
+``TransientError`` is what one attempt raises inside the retry loop. A write (an add or a
+delete: both are ops with op ids) either succeeds (a duplicate answer is a success: the op was
 applied earlier), or raises ``RejectedError`` / ``NotAppliedError`` (certainly not applied),
-or ``OutcomeUnknownError`` (never a silent guess). Retrying an ``OutcomeUnknownError`` with the
-same op id is not offered: the cluster may no longer recognise it, so a retry could count twice.
-Lower-layer errors (aiohttp, OSError, asyncio timeouts) are translated once, in
-``client.transport``, with ``raise ... from exc``.
+or ``OutcomeUnknownError`` (never a silent guess). Reads (``get``, ``get_many``, a ``scan``
+page) and table settings change no count, so once ``total_timeout`` has passed they raise
+their last ``TransientError`` as it is: a later call may succeed. Retrying an
+``OutcomeUnknownError`` with the same op id is not offered: the cluster may no longer recognise
+it, so a retry could count twice. Lower-layer errors (aiohttp, OSError, asyncio timeouts) are
+translated once, in ``client.transport``, with ``raise ... from exc``.
 """
 
 from __future__ import annotations

@@ -449,7 +449,7 @@ class CounterClient:
                     raise
                 await asyncio.sleep(min(left, self.retry.backoff_delay(turn)))
             except (KeyError, TypeError, ValueError) as exc:
-                raise BadRequestError(f"{url}: unexpected read answer: {exc!r}") from exc
+                raise BadRequestError(f"{url}: unexpected answer: {exc!r}") from exc
 
 
 def _check_consistency(consistency: Any) -> None:
