@@ -15,6 +15,7 @@ from cluster_util import Client, wait_until
 from hypothesis import given
 from hypothesis import strategies as st
 
+from client.sdk import CounterClient
 from cluster.core.config import NodeConfig, from_mapping
 from cluster.core.entry import FLOOR, LAST, CounterEntry, is_live, value_of
 from cluster.core.membership import Membership
@@ -131,7 +132,8 @@ async def test_multi_get_answers_in_order_in_one_read_frame_per_replica(tmp_path
     try:
         async with nodes(configs(tmp_path, max_reads=300)) as servers:
             base = url(servers[0])
-            ops = [{"table": "t", "key": f"k{i}", "op_id": f"c:{i}", "delta": i} for i in range(200)]
+            ops = [{"table": "t", "key": f"k{i}", "op_id": f"c:{i}", "delta": i}
+                   for i in range(200)]
             status, body = await client.batch(base, ops)
             assert status == 200 and all(r == {"applied": True} for r in body["results"])
             calls: list[int] = []
@@ -358,3 +360,23 @@ async def test_collected_tombstones_leave_memory_and_a_stale_replica_cannot_hide
             assert await client.value(url(servers[2]), "g", key, "all") == 3
     finally:
         await client.close()
+
+
+async def test_the_sdk_reads_many_scans_deletes_and_sets_a_ttl_on_real_nodes(
+        tmp_path: Path) -> None:
+    async with nodes(configs(tmp_path)) as servers:
+        addrs = [url(s).removeprefix("http://") for s in servers]
+        async with CounterClient(addrs) as c:
+            for i in range(40):
+                await c.incr("sdk", f"p{i}", i + 1)
+            assert await c.get_many("sdk", ["p0", "p39", "none"]) == [1, 40, 0]
+            listed = {k: v async for k, v in c.scan("sdk", page_size=6)}
+            assert listed == {f"p{i}": i + 1 for i in range(40)}
+            gone = await c.delete("sdk", "p5")
+            assert gone.applied and gone.kind == "delete"
+            assert await c.get("sdk", "p5") == 0
+            assert "p5" not in {k async for k, _v in c.scan("sdk", prefix="p5")}
+            await c.incr("sdk", "p5", 2)
+            assert await c.get("sdk", "p5", consistency="all") == 2
+            assert await c.set_table("sdk-ttl", ttl_s=60) == {"table": "sdk-ttl", "ttl_s": 60.0}
+            assert {"name": "sdk-ttl", "ttl_s": 60.0} in await c.tables()
