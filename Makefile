@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench figures clean sim
+.PHONY: demo test lint bench bench-all figures clean sim
 
 # setup.py and the kernel's sources too: an editable install compiles the FBF kernel once
 $(STAMP): pyproject.toml setup.py cluster/core/fbf/_kernel.pyx cluster/core/fbf/_murmur3.h
@@ -22,8 +22,20 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# The suite as two pytest processes side by side (tests/split_run.py): the SIDE_TESTS files mostly
+# wait on real node processes (chaos runs, membership moves, compose, the hostile run, the
+# benchmarks' smoke run), the others mostly compute, so on two cores they overlap instead of
+# queueing. `make test PYTEST_SPLIT=0` runs the suite as one process.
+SIDE_TESTS := tests/test_chaos.py tests/test_chaos_membership.py tests/test_membership_cluster.py \
+	tests/test_compose.py tests/test_hostile.py tests/test_bench_smoke.py tests/test_clock_skew.py
+PYTEST_SPLIT ?= 1
+
 test: lint
+ifeq ($(PYTEST_SPLIT),0)
 	$(BIN)/python -m pytest -q
+else
+	$(BIN)/python tests/split_run.py $(SIDE_TESTS)
+endif
 
 # The deterministic simulator's long sweep (not part of `make test`; docs/sim.md).
 SIM_SEEDS ?= 1..500
@@ -31,7 +43,12 @@ SIM_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 sim: $(STAMP)
 	$(BIN)/python -m cluster.sim --seeds $(SIM_SEEDS) --ops 200 --jobs $(SIM_JOBS)
 
+# The headline numbers (a few minutes): docs/benchmarks.md and the README's table, with the date,
+# the commit and the machine. `make bench-all` runs every benchmark and prints their tables.
 bench: $(STAMP)
+	$(BIN)/python -m bench --report
+
+bench-all: $(STAMP)
 	$(BIN)/python -m bench
 
 figures: $(STAMP)
