@@ -149,7 +149,7 @@ def cluster_rows(quick: bool) -> list[Row]:
                     f"{_k(single['ops_per_s'])} ops/s, {single['node_cpu_us_per_op']} us of "
                     f"node CPU an op", cmd),
                 Row(f"Latency of one op a request at {paced['rate']:,} ops/s (80% of that peak)",
-                    f"p50 {paced['p50_ms']} ms, p99 {paced['p99_ms']} ms", cmd),
+                    f"p50 {paced['p50_ms']:.1f} ms, p99 {paced['p99_ms']:.1f} ms", cmd),
                 Row("Redis + Lua (SET NX EX + INCRBY, appendfsync always), same clients",
                     f"{_k(rs['ops_per_s'])} ops/s one op a round trip, {_k(rp['ops_per_s'])} "
                     f"pipelined by 100; ours / Redis: {out['ratios']['single']}x and "
@@ -162,10 +162,10 @@ def cluster_rows(quick: bool) -> list[Row]:
     routed, single = out["batch_routed"], out["single_routed"]
     return [
         Row("Batched writes, 100 ops a request, each batch to its keys' leader",
-            f"{_k(routed['ops_per_s'])} ops/s, p99 {routed['p99_ms']} ms, "
+            f"{_k(routed['ops_per_s'])} ops/s, p99 {routed['p99_ms']:.1f} ms, "
             f"{routed['node_cpu_us_per_op']} us of node CPU an op", cmd),
         Row("One op a request, to its key's leader (what the SDK does)",
-            f"{_k(single['ops_per_s'])} ops/s, p99 {single['p99_ms']} ms, "
+            f"{_k(single['ops_per_s'])} ops/s, p99 {single['p99_ms']:.1f} ms, "
             f"{single['node_cpu_us_per_op']} us of node CPU an op", cmd),
         Row("Redis comparison", "not measured: redis-server is not installed "
             "(Debian: apt-get install redis-server)", "python -m bench.bench_redis"),
