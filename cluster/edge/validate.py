@@ -96,10 +96,13 @@ def _too_deep(where: str, max_depth: int) -> BadRequest:
 def check_op(op: Any, table: str, key: str, *, max_op_id_bytes: int,
              where: str = "", max_clock_skew_ms: int = 1000,
              stale_after_ms: int | None = None, max_depth: int = 8,
-             depth: int = 1, clock: Callable[[], float] = time.time) -> CheckedOp:
+             depth: int = 1, clock: Callable[[], float] = time.time,
+             deletes: bool = False) -> CheckedOp:
     """One op's fields (``table`` and ``key`` already checked); raises ``BadRequest``.
     ``depth``: how deep the op object sits in its body (1 alone, 3 in a batch); ``clock``: the
-    node's wall clock, which ``ts_ms`` is compared with."""
+    node's wall clock, which ``ts_ms`` is compared with; ``deletes``: ``"op": "delete"`` is
+    allowed (a batch item, or the DELETE route's query), not in the body of
+    ``POST /v1/counters/{table}/{key}``, whose op is an add (``delta`` required)."""
     if not isinstance(op, dict):
         raise BadRequest(f"{where or 'body'}: must be an object", code="bad_body")
     if nests_deeper(op, max_depth - depth + 1):
@@ -116,6 +119,9 @@ def check_op(op: Any, table: str, key: str, *, max_op_id_bytes: int,
     if too_long:
         raise BadRequest(f"{where}op_id: longer than {max_op_id_bytes} bytes", code="bad_op_id")
     kind = op.get("op", "add")
+    if kind == "delete" and not deletes:
+        raise BadRequest(f"{where}op: this route adds; a delete is DELETE "
+                         "/v1/counters/{table}/{key}?op_id=... or a batch item", code="bad_op")
     if kind == "delete":
         if "delta" in op:
             raise BadRequest(f"{where}delta: a delete takes no delta", code="bad_delta")
@@ -182,7 +188,7 @@ def _check_batch_op(op: Any, i: int, max_op_id_bytes: int, skew_ms: int,
         raise _bad(where, "key")
     return check_op(op, table, key, max_op_id_bytes=max_op_id_bytes, where=where,
                     max_clock_skew_ms=skew_ms, stale_after_ms=stale_after_ms,
-                    max_depth=max_depth, depth=3, clock=clock)
+                    max_depth=max_depth, depth=3, clock=clock, deletes=True)
 
 
 _known_names: set[str] = set()  # names already checked: a set lookup beats the regex
@@ -249,7 +255,9 @@ def check_limit(value: str | None, *, default: int, most: int) -> int:
     """A scan page's ``limit``: 1 or more; capped to ``most``."""
     if value is None or value == "":
         return default
-    if not value.isdigit() or int(value) < 1 or len(value) > 12:
+    # ASCII digits only ("²".isdigit() and int() refuses it), and the length before int():
+    # past 4300 digits int() raises ValueError, a 500
+    if not (value.isascii() and value.isdigit()) or len(value) > 12 or int(value) < 1:
         raise BadRequest("limit: must be an integer >= 1", code="bad_limit")
     return min(int(value), most)
 
@@ -271,9 +279,14 @@ def query_op(query: Any, table: str, key: str, *, max_op_id_bytes: int,
     extra = set(query) - {"op_id", "attempt", "age_ms", "ts_ms"}
     if extra:
         raise BadRequest(f"query: unknown parameter {sorted(extra)[0]!r}", code="bad_query")
+    if isinstance(op.get("op_id"), str) and "\ufffd" in op["op_id"]:
+        # the query's decoding puts U+FFFD where the percent-escaped bytes are not UTF-8
+        # (%FF and %FE alike): two op ids would become one
+        raise BadRequest("op_id: not valid UTF-8 once percent-decoded (U+FFFD)",
+                         code="bad_op_id")
     return check_op(op, table, key, max_op_id_bytes=max_op_id_bytes,
                     max_clock_skew_ms=max_clock_skew_ms, stale_after_ms=stale_after_ms,
-                    clock=clock)
+                    clock=clock, deletes=True)
 
 
 def check_consistency(value: str | None) -> str:

@@ -61,6 +61,8 @@ def decode_cursor(cursor: str | None) -> Position | None:
         pos = int(leaf)
         if version != "1" or not 0 <= pos < LEAVES or not NAME_RE.fullmatch(key):
             raise ValueError("not a position")
+        if encode_cursor((pos, key)) != cursor:  # int() and b64decode take more than that:
+            raise ValueError("not as handed out")  # " 5", "+5", "05", "٥", "=", junk chars
     except (ValueError, UnicodeDecodeError, binascii.Error) as exc:
         raise BadRequest("after: not a cursor this cluster handed out (take 'next' from the "
                          "previous page as it is)", code="bad_cursor") from exc
