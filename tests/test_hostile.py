@@ -12,12 +12,20 @@ Where the node legitimately just closes the connection instead of answering (the
 that never says anything, bytes that are not HTTP at all, and all forged peer traffic (the
 peer protocol has no error frames for refused authentication: the connection is closed).
 
-The junk found seven node bugs, all fixed; their classes stay in the registry and run here:
+The junk found eleven node bugs, all fixed; their classes stay in the registry and run here:
 a lone-surrogate op id (500, and a lost op in a batch), lingering after a body timeout, aiohttp's
 parser answering in plain text (``headers_too_long``, ``garbage_bytes``, ``malformed_framing``),
 a non-UTF-8 bearer token (500), a peer connection holding without a HELLO
-(``peer_idle_no_hello``), and valid deltas that overflowed an entry (``counter_overflow``: 500,
-replicas diverged, the snapshot loop died).
+(``peer_idle_no_hello``), valid deltas that overflowed an entry (``counter_overflow``: 500,
+replicas diverged, the snapshot loop died), a scan ``limit`` of non-ASCII digits or 5000 digits
+(``scan_limit_not_ascii``: 500), a delete whose op id is not UTF-8 once percent-decoded
+(``delete_op_id_not_utf8``: applied, every such op id taken as the same U+FFFD one), a delete
+in the body of the add route (``post_body_delete``: applied, though that route's op needs a
+delta), and scan cursors no scan hands out taken as positions (``scan_cursor_not_canonical``).
+
+The read, scan, delete and table-settings routes have their own classes
+(``client.hostile.cases_http_routes``); ``test_route_class`` runs each on its own as well, once
+against every node.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import aiohttp
 import pytest
 import pytest_asyncio
 from cluster_util import running_cluster
@@ -42,12 +51,24 @@ from client.hostile import (
     parse_metrics,
     parse_response,
     run_hostile,
+    try_class,
 )
+from client.hostile.cases_http_routes import (
+    check_victim,
+    del_table,
+    delete,
+    put,
+    ttl_on,
+    ttl_table,
+    victim,
+)
+from client.hostile.http_client import counter_path, jdump
+from client.hostile.runner import Runner
 from cluster.local import LocalCluster
 from cluster.transport.auth import REASONS, load_secret
 
 LIMITS = Limits(max_body_bytes=65536, max_batch_ops=100, header_timeout=1.0, body_timeout=1.0,
-                max_connections_per_client=16)
+                max_connections_per_client=16, max_reads=64)
 TOKEN = "hostile-test-token-0123456789abcdef"
 
 pytestmark = [pytest.mark.timeout(180)]
@@ -59,7 +80,8 @@ def node_args(token_file: str) -> list[str]:
             "--body-timeout", str(LIMITS.body_timeout),
             "--max-connections-per-client", str(LIMITS.max_connections_per_client),
             "--max-body-bytes", str(LIMITS.max_body_bytes),
-            "--max-batch-ops", str(LIMITS.max_batch_ops)]
+            "--max-batch-ops", str(LIMITS.max_batch_ops),
+            "--max-reads", str(LIMITS.max_reads)]
 
 
 def config(cluster: LocalCluster, **kw: Any) -> HostileConfig:
@@ -134,6 +156,50 @@ async def test_junk_changes_nothing(main_cluster: LocalCluster) -> None:
         assert m["http_refused"].get(reason, 0) > 0, (reason, m["http_refused"])
     assert m["unauthorized"] > 0 and m["bad_requests"] > 0
     assert elapsed < 60.0
+
+
+ROUTE_CLASSES = ["read_malformed", "read_too_many", "scan_bad_query", "scan_forged_cursors",
+                 "delete_bad_query", "batch_delete_malformed", "table_bad_settings",
+                 "wrong_methods", "unknown_routes", "scan_limit_not_ascii",
+                 "delete_op_id_not_utf8", "post_body_delete", "scan_cursor_not_canonical"]
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize("name", ROUTE_CLASSES)
+async def test_route_class(main_cluster: LocalCluster, name: str) -> None:
+    """One class against every node, alone: every answer a 4xx in the contract's shape with
+    the class's codes, the counters it raised first (``<table>_del``) and its table's ttl
+    (``<table>_ttl``) unchanged, every junk counter 0, every node up."""
+    out = await try_class(config(main_cluster), name, targets=len(main_cluster.nodes))
+    assert out.ok, (out.verdict(), [str(f) for f in out.failures])
+    assert out.requests >= 4 * len(main_cluster.nodes)
+    assert not [s for s in out.seen if s[:1] == "5"], dict(out.seen)
+    assert all(400 <= int(s) < 500 for s in out.seen if s.isdigit()), dict(out.seen)
+    assert all(n.running for n in main_cluster.nodes.values())
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+async def test_route_classes_see_changes(main_cluster: LocalCluster) -> None:
+    """The effect checks are not vacuous: a victim deleted by a valid DELETE, and a ttl set
+    again by a valid PUT, are seen by the same checks the classes run."""
+    runner = Runner(config(main_cluster))
+    async with aiohttp.ClientSession() as session:
+        runner._session = session
+        targets, ring = await runner._discover()
+        ctx = runner._context(targets, ring, True)
+    t, out = ctx.targets[0], Outcome()
+    found = await victim(ctx, t, out, "see_changes")
+    assert found is not None, dict(out.seen)
+    ans = await delete(ctx, t, counter_path(ctx, found[0], del_table(ctx))
+                       + f"?op_id={ctx.op_id('see_changes')}")
+    assert ans.status == 200, ans.describe()
+    await check_victim(ctx, out, found, "a valid delete")
+    assert dict(out.failure_kinds) == {"effect": 1}
+    ans = await put(ctx, t, f"/v1/tables/{ttl_table(ctx)}", jdump({"ttl_s": 12345}))
+    assert ans.status == 200, ans.describe()
+    assert await ttl_on(ctx, Outcome(), t, ttl_table(ctx)) == 12345
 
 
 # -- units ---------------------------------------------------------------------------------------

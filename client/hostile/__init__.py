@@ -33,7 +33,9 @@ timeout, ``--max-requests`` caps the junk requests, and the good client stops wi
 
 The last classes of the registry found node bugs when they were written (all fixed since; see
 ``tests/test_hostile.py``). ``counter_overflow`` writes two valid ops of 2**63-1 to a key of
-its own table (``<table>_ovf``) before the ones the node must refuse.
+its own table (``<table>_ovf``) before the ones the node must refuse. The delete classes raise a
+fresh counter of ``<table>_del`` with a valid add before their junk, and check it keeps its
+value; ``table_bad_settings`` sets the ttl of ``<table>_ttl`` first, and checks it after.
 
 The modules, each importing only those above it:
 
@@ -41,8 +43,9 @@ The modules, each importing only those above it:
 * ``outcome``: what came back (``Answer``, ``Outcome``) and ``expect_reject``;
 * ``http_client``, ``peer_client``: raw HTTP/1.1 and the raw peer protocol;
 * ``registry``: ``JunkClass`` and the ``@junk`` decorator;
-* ``cases_http``, ``cases_http_limits``, ``cases_connection``, ``cases_peer``,
-  ``cases_regressions``: the classes, by family; ``cases`` imports them in registry order;
+* ``cases_http``, ``cases_http_limits``, ``cases_http_routes`` (reads, scans, deletes, table
+  settings), ``cases_connection``, ``cases_peer``, ``cases_regressions``: the classes, by
+  family; ``cases`` imports them in registry order;
 * ``good_client``: the well-behaved SDK client;
 * ``runner``: the run and its checks (``run_hostile``, ``try_class``);
 * ``cli``: ``python -m client.hostile`` and ``format_report``.

@@ -8,6 +8,7 @@ node (r + i) mod n). Keep it.
 # isort: off
 from client.hostile import cases_http  # noqa: F401  (registers its classes)
 from client.hostile import cases_http_limits  # noqa: F401
+from client.hostile import cases_http_routes  # noqa: F401
 from client.hostile import cases_connection  # noqa: F401
 from client.hostile import cases_peer  # noqa: F401
 from client.hostile import cases_regressions  # noqa: F401

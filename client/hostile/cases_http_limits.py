@@ -168,14 +168,20 @@ async def msgpack_exotic(ctx: Ctx, t: Target) -> Outcome:
 
 @junk("wrong_methods", "http")
 async def wrong_methods(ctx: Ctx, t: Target) -> Outcome:
-    """DELETE/PUT/PATCH/OPTIONS/TRACE on the routes, GET on /v1/batch, POST on /v1/health."""
+    """PUT/PATCH/OPTIONS/TRACE on a counter, GET on /v1/batch and /v1/read, POST on
+    /v1/health, writes to a scan or the table list, GET or POST on a table's settings."""
     out = Outcome()
     key = counter_path(ctx, ctx.junk_key("wrong_methods"))
     body = jdump(ctx.op("wrong_methods"))
-    reqs = [(m, key) for m in ("DELETE", "PUT", "PATCH", "OPTIONS", "TRACE")]
+    reqs = [(m, key) for m in ("PUT", "PATCH", "OPTIONS", "TRACE")]
     reqs += [("GET", "/v1/batch"), ("PUT", "/v1/batch"), ("DELETE", "/v1/batch"),
              ("POST", "/v1/health"), ("POST", "/metrics"), ("DELETE", "/v1/health"),
              ("POST", "/v1/openapi.json")]
+    scan, settings = f"/v1/counters/{ctx.table}", f"/v1/tables/{ctx.table}_ttl"
+    reqs += [("POST", scan), ("PUT", scan), ("DELETE", scan), ("GET", "/v1/read"),
+             ("PUT", "/v1/read"), ("DELETE", "/v1/read"), ("POST", "/v1/tables"),
+             ("PUT", "/v1/tables"), ("DELETE", "/v1/tables"), ("GET", settings),
+             ("POST", settings), ("DELETE", settings), ("PATCH", settings)]
     for method, path in reqs:
         ans = await exchange(ctx, t, http_request(ctx, method, path, body))
         out.requests += 1
@@ -188,9 +194,9 @@ async def wrong_methods(ctx: Ctx, t: Target) -> Outcome:
 async def unknown_routes(ctx: Ctx, t: Target) -> Outcome:
     """Routes that do not exist: /, /v2/..., one segment short or long, traversal, 4000 chars."""
     out = Outcome()
-    paths = ["/", "/v2/counters/junk/k", f"/v1/counters/{ctx.table}", "/v1/counters",
+    paths = ["/", "/v2/counters/junk/k", f"/v1/counters/{ctx.table}/", "/v1/counters",
              f"/v1/counters/{ctx.table}/k/extra", "/admin", "/.env", "/v1/health/x",
-             "/%2e%2e/%2e%2e/etc/passwd",
+             "/%2e%2e/%2e%2e/etc/passwd", "/v1/read/x", "/v1/tables/x/y", "/v1/tables/",
              "/" + "a" * 4000, "/v1//counters//junk//k", "/V1/HEALTH", "/v1/batch/"]
     for path in paths:
         for method in ("GET", "POST"):

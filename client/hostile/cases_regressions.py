@@ -1,6 +1,9 @@
 """The junk classes that found node bugs when they were written (all fixed since; see
 ``tests/test_hostile.py``): a lone-surrogate op id, alone and in a batch's fast path, a
-non-UTF-8 bearer token, counters pushed past 2**64, and a peer connection without a HELLO.
+non-UTF-8 bearer token, counters pushed past 2**64, a peer connection without a HELLO, a scan
+``limit`` of digits that are not ASCII (500), a delete's op id that is not UTF-8 once
+percent-decoded (applied under U+FFFD), a delete sent as the body of the add route (applied),
+and scan cursors written otherwise than a scan hands them out (taken).
 
 ``client.hostile.cases`` imports this module last, so these classes keep their place at the
 end of the registry."""
@@ -11,8 +14,16 @@ import asyncio
 import json
 from typing import Any
 
+from client.hostile.cases_http_routes import (
+    check_victim,
+    cursor,
+    del_table,
+    delete,
+    get,
+    victim,
+)
 from client.hostile.context import INT64_MAX, Ctx, Target
-from client.hostile.http_client import counter_path, exchange, http_request, jdump, post
+from client.hostile.http_client import counter_path, exchange, http_request, jdump, pack, post
 from client.hostile.outcome import Outcome, expect_reject
 from client.hostile.peer_client import expect_closed, peer_exchange
 from client.hostile.registry import junk
@@ -168,4 +179,85 @@ async def peer_idle_no_hello(ctx: Ctx, t: Target) -> Outcome:
                          strict=True):
         out.requests += 1
         expect_closed(out, case, ans)
+    return out
+
+
+@junk("scan_limit_not_ascii", "http")
+async def scan_limit_not_ascii(ctx: Ctx, t: Target) -> Outcome:
+    """Scan limits of digits that are not ASCII ("²", "①": str.isdigit() takes them and int()
+    does not: 500; "١٠", "５": taken as 10 and 5), or 5000 digits long (past int()'s 4300-digit
+    limit: 500). Each must be 400 bad_limit."""
+    out = Outcome()
+    for case, q in (("superscript two", "%C2%B2"), ("circled one", "%E2%91%A0"),
+                    ("arabic-indic 10", "%D9%A1%D9%A0"), ("fullwidth 5", "%EF%BC%95"),
+                    ("devanagari 7", "%E0%A5%AD"), ("5000 digits", "9" * 5000),
+                    ("4400 zeros and a 1", "0" * 4400 + "1")):
+        ans = await get(ctx, t, f"/v1/counters/{ctx.table}?limit={q}")
+        out.requests += 1
+        expect_reject(out, f"limit: {case}", ans, (400,), ("bad_limit",))
+    return out
+
+
+@junk("delete_op_id_not_utf8", "http")
+async def delete_op_id_not_utf8(ctx: Ctx, t: Target) -> Outcome:
+    """Deletes whose op id is percent-escaped bytes that are not UTF-8 (%FF, %FE, a cut
+    sequence, an encoded surrogate, an overlong form): the query's decoding makes each
+    U+FFFD, so they were applied as one op id. Each must be 400 bad_op_id, and the counter
+    the class raised first keeps its value."""
+    out = Outcome()
+    cls = "delete_op_id_not_utf8"
+    found = await victim(ctx, t, out, cls)
+    key = found[0] if found else ctx.junk_key(cls)
+    path = counter_path(ctx, key, del_table(ctx))
+    for raw in ("%FF", "%FE", f"{ctx.run_id}%C3", "%ED%A0%80", "%C0%AF", "a%80b"):
+        ans = await delete(ctx, t, f"{path}?op_id={raw}")
+        out.requests += 1
+        expect_reject(out, f"op_id={raw}", ans, (400,), ("bad_op_id",))
+    await check_victim(ctx, out, found, "deletes with op ids not UTF-8")
+    return out
+
+
+@junk("post_body_delete", "http")
+async def post_body_delete(ctx: Ctx, t: Target) -> Outcome:
+    """``{"op_id", "op": "delete"}`` as the body of POST /v1/counters/{table}/{key}, whose op
+    is an add (delta required): it deleted the counter. Must be 400, the counter the class
+    raised first keeping its value."""
+    out = Outcome()
+    cls = "post_body_delete"
+    found = await victim(ctx, t, out, cls)
+    key = found[0] if found else ctx.junk_key(cls)
+    path = counter_path(ctx, key, del_table(ctx))
+    for case, body, ctype in (
+            ("json", jdump({"op_id": ctx.op_id(cls), "op": "delete"}), "application/json"),
+            ("msgpack", pack({"op_id": ctx.op_id(cls), "op": "delete"}), "application/msgpack"),
+            ("with attempt", jdump({"op_id": ctx.op_id(cls), "op": "delete", "attempt": 2}),
+             "application/json"),
+            ("with a delta", jdump({"op_id": ctx.op_id(cls), "op": "delete", "delta": 1}),
+             "application/json")):
+        ans = await post(ctx, t, path, body, ctype)
+        out.requests += 1
+        expect_reject(out, case, ans, (400,), ("bad_op", "bad_delta"))
+    await check_victim(ctx, out, found, "delete bodies on the add route")
+    return out
+
+
+@junk("scan_cursor_not_canonical", "http")
+async def scan_cursor_not_canonical(ctx: Ctx, t: Target) -> Outcome:
+    """Cursors naming a real position but not written as a scan hands them out: a leaf with a
+    space, a sign, a leading zero, an underscore or non-ASCII digits, base64 with padding or
+    characters outside its alphabet, which the decoder skips (int() and b64decode took them
+    all). 400 bad_cursor."""
+    out = Outcome()
+    good = cursor("1:5:k")
+    for case, value in (("leaf ' 5'", cursor("1: 5:k")), ("leaf '+5'", cursor("1:+5:k")),
+                        ("leaf '05'", cursor("1:05:k")), ("leaf '0_5'", cursor("1:0_5:k")),
+                        ("leaf arabic-indic 5", cursor("1:\u0665:k")),
+                        ("leaf '5 '", cursor("1:5 :k")), ("padding", good + "=="),
+                        ("junk characters", good + "!!"),
+                        ("a dot inside", f"{good[:3]}.{good[3:]}"),
+                        ("a space inside", f"{good[:3]}%20{good[3:]}"),
+                        ("a newline at the end", f"{good}%0A")):
+        ans = await get(ctx, t, f"/v1/counters/{ctx.table}?limit=1&after={value}")
+        out.requests += 1
+        expect_reject(out, f"cursor: {case}", ans, (400,), ("bad_cursor",))
     return out

@@ -117,6 +117,8 @@ def _add_limit_flags(p: argparse.ArgumentParser) -> None:
                    help=f"429 above (default {lim.max_connections_per_client})")
     g.add_argument("--peer-auth-skew", type=float, default=lim.peer_auth_skew, metavar="S",
                    help=f"HELLO clock tolerance (default {lim.peer_auth_skew:g})")
+    g.add_argument("--max-reads", type=int, default=lim.max_reads, metavar="N",
+                   help=f"counters per POST /v1/read (default {lim.max_reads})")
 
 
 def _split(value: str | None) -> list[str]:
@@ -133,7 +135,7 @@ def config_from_args(args: argparse.Namespace) -> HostileConfig:
         token = lines[0] if lines else None
     limits = Limits(args.max_body_bytes, args.max_batch_ops, args.max_op_id_bytes,
                     args.max_nesting_depth, args.header_timeout, args.body_timeout,
-                    args.max_connections_per_client, args.peer_auth_skew)
+                    args.max_connections_per_client, args.peer_auth_skew, args.max_reads)
     return HostileConfig(
         nodes=_split(args.nodes), secret=load_secret(args.secret_file) if args.secret_file
         else None, token=token, duration=args.duration, rounds=args.rounds,

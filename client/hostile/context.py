@@ -27,6 +27,7 @@ class Limits:
     body_timeout: float = 10.0
     max_connections_per_client: int = 256
     peer_auth_skew: float = 30.0
+    max_reads: int = 1000  # counters per POST /v1/read
 
 
 @dataclass(frozen=True)
