@@ -51,9 +51,26 @@ that no delete invoked before it ended can have removed) and certainly has a non
 throughout (0 is not among its allowed values over the scan's span) must come back: a scan that
 leaves it out skipped it. This is conservative: a written key whose value may be 0 need not be
 returned. Each value returned is judged as a read over the scan's span. The checker takes every
-counter to start at 0 and the table to have no ttl (expiry would be a delete the history does not
-show). Reads, multi-gets and scans at consistency ``one`` are counted, not judged (the contract
-lets them show any stale value); a scan's repeats and keys outside it are judged at any level.
+counter to start at 0, and a table to have no ttl unless ``ttl`` names it. Reads, multi-gets and
+scans at consistency ``one`` are counted, not judged (the contract lets them show any stale
+value); a scan's repeats and keys outside it are judged at any level.
+
+Expiry (tables in ``ttl``, table -> seconds, set before the history begins; needs each event's
+``time``). A key expires once its last change (an add's or a delete's application) is ``ttl``
+old, on the clock of the node that judges it; ``margin`` bounds how far two such clocks, and
+the history's clock, can disagree (the nodes' allowed skew plus the clocks' own offsets). Two
+rules, both sound for any margin at least that large:
+
+- *May have expired.* Expiry is a delete the history does not show. At every stretch between two
+  acknowledgements of the key's adds and deletes where time T reaches M + ttl - margin (M: the
+  latest invocation among those acknowledged before T, or the key's first invocation), the
+  checker adds an indeterminate delete invoked at T; reads are then judged as with deletes.
+- *Must have expired.* A judged read (a multi-get's or a scan's value, a final read) invoked at
+  time t of a key whose every add invoked before the read completed was settled before
+  t - ttl - margin must read 0: settled is acknowledged, or for an add not acknowledged its
+  invocation plus ``in_flight`` (how long after its invocation an add can still be applied;
+  None: ever). Deletes need no such bound: one applied after every add was acknowledged saw them
+  all, and leaves 0. Reads nearer the boundary are judged by the first rule alone.
 
 Final reads (``f = "final-read"``, one per node, taken after healing and quiet) must each equal
 the sum of acknowledged adds plus the sum of some subset of the indeterminate adds (with deletes:
@@ -142,6 +159,7 @@ class Read:
     time: float | None = None
     source: str = "read"
     ranges: tuple[Range, ...] = ()
+    expired: bool = False  # the key had certainly expired: 0 was the only value allowed
 
     @property
     def valid(self) -> bool:
@@ -175,7 +193,8 @@ class FinalCheck:
     over_count: int = 0
     under_count: int = 0
     deletes: int = 0  # non-failed deletes of the key (then acknowledged/indeterminate: after
-    #                   the last delete that may have taken effect)
+    #                   the last delete that may have taken effect); with expiry, its deletes too
+    expired: bool = False  # the key had certainly expired: every final read must be 0
 
     @property
     def converged(self) -> bool:
@@ -215,6 +234,7 @@ class CounterReport:
     scan_values: int = 0
     scan_errors: list[ScanProblem] = field(default_factory=list)
     reads_unjudged: int = 0  # consistency one
+    expired_reads: int = 0  # judged values of keys that had certainly expired (must be 0)
     malformed: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -375,6 +395,8 @@ class _KeyWalk:
         self.final_failed: set[str] = set()
         self.final_span = [NEVER, -1]
         self.ops = _KeyOps()
+        self.ttl: float | None = None  # its table's ttl (``check(ttl=...)``)
+        self.settled: list[float] = []  # expiry: latest settling among the first j adds
 
     def widen(self) -> None:
         """A bound moved: every pending read may have seen the new one."""
@@ -389,10 +411,12 @@ class _KeyWalk:
 
 
 def check(history: Iterable[Mapping[str, Any]], *, nodes: Sequence[str] = (),
-          keep_reads: bool = False) -> CounterReport:
+          keep_reads: bool = False, ttl: Mapping[str, float] | None = None,
+          margin: float = 0.0, in_flight: float | None = None) -> CounterReport:
     """Judge a counter history; ``nodes`` (when given) must each have a final read per key;
-    ``keep_reads`` keeps every read's [lower, value, upper] in ``all_reads``."""
-    run = _Run(list(history), keep_reads)
+    ``keep_reads`` keeps every read's [lower, value, upper] in ``all_reads``. ``ttl`` (table ->
+    seconds), ``margin`` and ``in_flight``: expiry (module docstring)."""
+    run = _Run(list(history), keep_reads, dict(ttl or {}), margin, in_flight)
     for i, ev in enumerate(run.events):
         run.step(i, ev)
     return run.finish(nodes)
@@ -420,8 +444,19 @@ class _Run:
     """One pass over the history: the walk, the ops of every key, and the reads, multi-gets and
     scans that can only be judged once every op is known (``finish``)."""
 
-    def __init__(self, events: list[Mapping[str, Any]], keep_reads: bool) -> None:
+    def __init__(self, events: list[Mapping[str, Any]], keep_reads: bool,
+                 ttl: dict[str, float] | None = None, margin: float = 0.0,
+                 in_flight: float | None = None) -> None:
         self.events = events
+        self.ttl, self.margin, self.in_flight = ttl or {}, margin, in_flight
+        self.times: list[float] = []
+        if self.ttl:
+            try:
+                self.times = [float(ev["time"]) for ev in events]
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError("expiry (ttl) is judged from each event's time") from exc
+            if any(b < a for a, b in zip(self.times, self.times[1:], strict=False)):
+                raise ValueError("expiry (ttl): event times must not go back")
         self.fates = _pair(events)
         self.rep = CounterReport()
         self.keep = self.rep.all_reads if keep_reads else None
@@ -435,6 +470,7 @@ class _Run:
         w = self.walks.get(key)
         if w is None:
             w = self.walks[key] = _KeyWalk(key)
+            w.ttl = self.ttl.get(key.partition("/")[0])
         return w
 
     def step(self, i: int, ev: Mapping[str, Any]) -> None:
@@ -529,7 +565,8 @@ class _Run:
         elif ev.get("consistency") == "one":
             rep.reads_unjudged += 1
             return
-        if w.ops.del_inv:  # a delete was invoked before the read completed
+        if w.ops.del_inv or w.ttl is not None:  # a delete invoked before it completed, or
+            # expiry: judged once every op is known
             self.later.append((w, p, s, i, int(value), source, ev.get("time")))
             return
         self.judged(Read(w.key, p, low, int(value), max(high, w.upper), ev.get("time"),
@@ -583,10 +620,11 @@ class _Run:
     def finish(self, nodes: Sequence[str]) -> CounterReport:
         rep = self.rep
         for w in self.walks.values():
+            if w.ttl is not None:
+                self.may_expire(w, w.ttl)
             w.ops.freeze()
         for w, p, s, e, v, source, t in self.later:
-            ranges = tuple(w.ops.ranges(s, e))
-            self.judged(Read(w.key, p, ranges[0][0], v, ranges[-1][1], t, source, ranges))
+            self.judged(self.read_of(w, p, s, e, v, t, source))
         ordered = sorted(self.walks)
         for s, e, ev in self.scans:
             self.judge_scan(s, e, ev, ordered)
@@ -596,12 +634,63 @@ class _Run:
             end = len(self.events)
             for w in self.walks.values():
                 if w.finals or w.final_failed or w.acked or w.unknown or w.ops.del_inv:
-                    rep.finals.append(_final(w, nodes, end))
+                    s, e = w.final_span if w.finals else (end, end)
+                    expired = s < end and self.must_expire(w, s, e)
+                    rep.finals.append(_final(w, nodes, end, expired))
         rep.keys = len(self.walks)
         rep.over_count = sum(f.over_count for f in rep.finals)
         rep.under_count = sum(f.under_count for f in rep.finals)
         _judge(rep)
         return rep
+
+    def read_of(self, w: _KeyWalk, p: Any, s: int, e: int, v: int, t: float | None,
+                source: str) -> Read:
+        """A value read over [s, e], judged by the delete-aware bounds, or as 0 when the key
+        had certainly expired."""
+        if self.must_expire(w, s, e):
+            self.rep.expired_reads += 1
+            return Read(w.key, p, 0, v, 0, t, source, ((0, 0),), expired=True)
+        ranges = tuple(w.ops.ranges(s, e))
+        return Read(w.key, p, ranges[0][0], v, ranges[-1][1], t, source, ranges)
+
+    def may_expire(self, w: _KeyWalk, ttl: float) -> None:
+        """Expiry's indeterminate deletes, one per stretch between two acknowledgements of the
+        key's ops where it may have expired (module docstring); and the adds' settling times
+        for ``must_expire``. Each delete is invoked just before the first event at or after
+        the time it may take effect (no later than that: sound)."""
+        ops, times = w.ops, self.times
+        spans = list(zip(ops.add_inv, ops.add_ack, strict=True))
+        spans += list(zip(ops.del_inv, ops.del_ack, strict=True))
+        if not spans:
+            return
+        late = self.in_flight
+        settled = [times[a] if a != NEVER else (times[i] + late if late is not None
+                                                 else float("inf"))
+                   for i, a in zip(ops.add_inv, ops.add_ack, strict=True)]
+        w.settled = [float("-inf")]
+        for x in settled:
+            w.settled.append(max(w.settled[-1], x))
+        acks = sorted((times[a], times[i]) for i, a in spans if a != NEVER)
+        latest = min(times[i] for i, _a in spans)  # M: no change is older than the first op
+        since = float("-inf")  # the stretch under way began at the acknowledgement before
+        added: list[int] = []
+        for at, invoked in [*acks, (float("inf"), latest)]:
+            start = max(since, latest + ttl - self.margin)
+            if start < at and start <= times[-1]:
+                added.append(max(0, bisect_left(times, start) - 1))
+            latest, since = max(latest, invoked), at
+        pairs = sorted([*zip(ops.del_inv, ops.del_ack, strict=True),
+                        *((i, NEVER) for i in sorted(set(added)))])
+        ops.del_inv = [i for i, _a in pairs]
+        ops.del_ack = [a for _i, a in pairs]
+
+    def must_expire(self, w: _KeyWalk, s: int, e: int) -> bool:
+        """Had the key certainly expired when the read over [s, e] was invoked: every add
+        invoked before e settled more than ttl + margin before s?"""
+        if w.ttl is None or not w.settled:
+            return False
+        n = bisect_left(w.ops.add_inv, e)
+        return n > 0 and w.settled[n] < self.times[s] - w.ttl - self.margin
 
     def judge_scan(self, s: int, e: int, ev: Mapping[str, Any], ordered: list[str]) -> None:
         """Repeats, keys outside the scan or that cannot exist, values, and skipped keys."""
@@ -622,8 +711,7 @@ class _Run:
                 rep.scan_errors.append(ScanProblem("phantom", k, p, t, f"value {v}"))
             else:
                 rep.scan_values += 1
-                ranges = tuple(w.ops.ranges(s, e))
-                self.judged(Read(k, p, ranges[0][0], v, ranges[-1][1], t, "scan", ranges))
+                self.judged(self.read_of(w, p, s, e, v, t, "scan"))
         if loose:
             return
         for k in ordered[bisect_left(ordered, want):bisect_left(ordered, want + "\x7f")]:
@@ -635,7 +723,8 @@ class _Run:
                         "skipped", k, p, t, f"existed throughout, values {allowed[:3]}"))
 
 
-def _final(w: _KeyWalk, nodes: Sequence[str], end: int) -> FinalCheck:
+def _final(w: _KeyWalk, nodes: Sequence[str], end: int, expired: bool = False) -> FinalCheck:
+    """A key's final reads; ``expired``: the key had certainly expired (they must read 0)."""
     missing = sorted((set(nodes) | w.final_failed) - set(w.finals))
     if w.ops.del_inv:
         s, e = w.final_span if w.finals else (end, end)
@@ -643,8 +732,10 @@ def _final(w: _KeyWalk, nodes: Sequence[str], end: int) -> FinalCheck:
     else:
         ranges, approx = reachable_sums(w.acked, w.unknown)
         acked, unknown = w.acked, len(w.unknown)
+    if expired:
+        ranges, approx = [(0, 0)], False
     fc = FinalCheck(w.key, dict(sorted(w.finals.items())), acked, unknown, ranges, approx,
-                    missing, deletes=len(w.ops.del_inv))
+                    missing, deletes=len(w.ops.del_inv), expired=expired)
     for v in fc.values.values():
         d = distance(v, ranges)
         fc.over_count = max(fc.over_count, d)
@@ -656,9 +747,12 @@ def _judge(rep: CounterReport) -> None:
     probs = rep.problems
     if rep.read_errors:
         by_source = Counter(r.source for r in rep.read_errors)
+        expired = sum(r.expired for r in rep.read_errors)
         probs.append(f"{len(rep.read_errors)} read(s) outside [lower, upper]"
                      + ("" if set(by_source) == {"read"} else
-                        " (" + ", ".join(f"{n} {s}" for s, n in sorted(by_source.items())) + ")"))
+                        " (" + ", ".join(f"{n} {s}" for s, n in sorted(by_source.items())) + ")")
+                     + (f"; {expired} of a key that had expired (must read 0)" if expired
+                        else ""))
     by_kind: defaultdict[str, list[str]] = defaultdict(list)
     for s in rep.scan_errors:
         by_kind[f"scan {s.kind} key"].append(f"{s.key} at {s.time} ({s.detail})")

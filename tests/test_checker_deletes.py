@@ -427,3 +427,150 @@ def test_a_large_history_checks_in_seconds() -> None:
 
 def test_reachable_sums_still_exported() -> None:
     assert reachable_sums(0, [1]) == ([(0, 1)], False)
+
+
+# -- expiry (check(ttl=...)) --------------------------------------------------------------------
+
+TTL = {"t": 3.0}
+
+
+def at(t: float, events: list[dict[str, Any]], step: float = 0.1) -> list[dict[str, Any]]:
+    """``events`` timed from ``t``, ``step`` apart."""
+    return [{**e, "time": round(t + j * step, 6)} for j, e in enumerate(events)]
+
+
+def expiring(h: list[dict[str, Any]], **kw: Any) -> Any:
+    return check(h, ttl=TTL, margin=1.0, **kw)
+
+
+def test_a_key_quiet_for_longer_than_ttl_and_margin_must_read_zero() -> None:
+    h = at(0, add(0, 5))  # acknowledged at 0.1
+    assert expiring(h + at(10, read(1, 0))).valid
+    rep = expiring(h + at(10, read(1, 5)))
+    assert not rep.valid and rep.expired_reads == 1
+    assert rep.read_errors[0].expired and "expired (must read 0)" in rep.problems[0]
+    # a multi-get's and a scan's values too
+    mg = [ev("invoke", 1, "multiget", keys=["t/k"]), ev("ok", 1, "multiget", [5], keys=["t/k"])]
+    assert not expiring(h + at(10, mg)).valid
+    assert not expiring(h + at(10, scan(1, [("t/k", 5)]))).valid
+    assert expiring(h + at(10, scan(1, []))).valid
+    # another table, or no ttl at all: the old rules (5 it must be)
+    assert not check(h + at(10, read(1, 0))).valid
+    assert not check(h + at(10, read(1, 0)), ttl={"u": 3.0}, margin=1.0).valid
+
+
+def test_near_the_boundary_either_value_and_before_it_no_expiry() -> None:
+    h = at(0, add(0, 5))
+    for t in (2.5, 3.5, 4.0):  # from ack + ttl - margin (the may rule) to ack + ttl + margin
+        assert expiring(h + at(t, read(1, 5))).valid, t
+        assert expiring(h + at(t, read(1, 0))).valid, t
+    assert not expiring(h + at(1.5, read(1, 0))).valid  # too young to have expired
+    assert not expiring(h + at(4.2, read(1, 5))).valid
+
+
+def test_a_write_after_expiry_counts_from_zero_and_expires_again() -> None:
+    h = at(0, add(0, 5)) + at(10, read(1, 0)) + at(11, add(0, 2))
+    got = [v for v in range(-1, 10) if expiring(h + at(12, read(1, v))).valid]
+    assert 2 in got and 0 in got  # expired, then the 2 (or the 2 not seen)
+    assert 7 in got  # a node's clock that had not seen the ttl pass: nothing deleted
+    assert not expiring(h + at(20, read(1, 2))).valid
+    rep = expiring(h + at(20, read(1, 0)) + at(30, finals({"n1": 0, "n2": 0})),
+                   nodes=["n1", "n2"])
+    assert rep.valid and rep.finals[0].expired and rep.finals[0].ranges == [(0, 0)]
+    rep = expiring(h + at(30, finals({"n1": 0, "n2": 2})), nodes=["n1", "n2"])
+    assert not rep.valid and rep.finals[0].over_count == 2
+
+
+def test_an_add_in_flight_keeps_the_key_from_being_judged_expired() -> None:
+    h = at(0, add(0, 5)) + at(1, [ev("invoke", 1, "add", 3, key="t/k"),
+                                  ev("info", 1, "add", 3, key="t/k")])
+    for v in (0, 5, 8):  # the 3 may still be applied, any time
+        assert expiring(h + at(20, read(2, v))).valid
+    # applied no later than 2 s after its invocation: settled by 3, expired by 7
+    assert expiring(h + at(20, read(2, 0)), in_flight=2.0).valid
+    assert not expiring(h + at(20, read(2, 8)), in_flight=2.0).valid
+    assert expiring(h + at(6, read(2, 8)), in_flight=2.0).valid
+
+
+def test_deletes_and_expiry_together() -> None:
+    h = at(0, add(0, 5)) + at(1, delete(1)) + at(2, add(0, 2))
+    assert not expiring(h + at(3, read(2, 7))).valid  # the delete still binds it
+    assert expiring(h + at(3, read(2, 2))).valid
+    assert expiring(h + at(20, read(2, 0))).valid
+    assert not expiring(h + at(20, read(2, 2))).valid
+
+
+def test_expiry_needs_event_times() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="time"):
+        check(add(0, 5) + read(1, 5), ttl=TTL)
+
+
+class ExpiringModel(Model):
+    """``Model`` with a ttl: an op at time ``now`` sees the key expired once ``now`` is ttl past
+    its last change, as judged by a clock off by up to ``margin`` (drawn for each op); an add
+    to an expired key starts it from 0."""
+
+    def __init__(self, keys: list[str], ttl: float, margin: float, rng: random.Random) -> None:
+        super().__init__(keys)
+        self.ttl, self.margin, self.rng, self.now = ttl, margin, rng, 0.0
+        self.last = dict.fromkeys(keys, 0.0)
+
+    def expired(self, key: str) -> bool:
+        skew = self.rng.uniform(-self.margin, self.margin)
+        return self.exists[key] and self.now + skew - self.last[key] >= self.ttl
+
+    def apply(self, op: dict[str, Any]) -> Any:
+        f = op["f"]
+        if f == "read":
+            return 0 if self.expired(op["key"]) else self.value[op["key"]]
+        if f == "add" and self.expired(op["key"]):
+            self.value[op["key"]] = 0
+        if f in ("add", "delete"):
+            self.last[op["key"]] = self.now
+        return super().apply(op)
+
+
+def expiring_history(seed: int, steps: int, processes: int = 3) -> list[dict[str, Any]]:
+    """Adds, deletes and reads on two keys, steps of up to 0.3 s and now and then a pause of
+    2.5-4 s (about the ttl); each op applied at one instant between its invocation and its
+    completion, half of them at once."""
+    rng = random.Random(seed)
+    names = ["t/a", "t/b"]
+    model = ExpiringModel(names, 3.0, 0.5, rng)
+    h: list[dict[str, Any]] = []
+    open_ops: dict[int, tuple[dict[str, Any], bool, Any]] = {}
+    for _ in range(steps):
+        model.now += rng.uniform(0, 0.3) if rng.random() < 0.85 else rng.uniform(2.5, 4.0)
+        p = rng.randrange(processes)
+        cur = open_ops.get(p)
+        if cur is None:
+            f = rng.choices(["add", "delete", "read"], [5, 1, 3])[0]
+            op = {"f": f, "process": p, "key": rng.choice(names),
+                  "value": rng.choice([1, 2, -1, 5]) if f == "add" else None}
+            h.append({**op, "type": "invoke", "time": model.now})
+            now = rng.random() < 0.5  # applied at once (at its invocation's instant)
+            open_ops[p] = (op, now, model.apply(op) if now else None)
+        elif not cur[1]:
+            open_ops[p] = (cur[0], True, model.apply(cur[0]))
+        else:
+            op, _, got = open_ops.pop(p)
+            h.append({**op, "type": "ok", "time": model.now,
+                      **({"value": got} if got is not None else {})})
+    return h
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32), st.integers(1, 150))
+def test_histories_of_a_store_with_expiry_are_valid(seed: int, steps: int) -> None:
+    h = expiring_history(seed, steps)
+    rep = check(h, ttl={"t": 3.0}, margin=0.5)
+    assert rep.valid, rep.problems
+
+
+def test_a_margin_below_the_clocks_disagreement_is_caught_by_the_model() -> None:
+    """The model's clocks disagree by up to 0.5 s: judged with no margin, some of its histories
+    fail (so the model does reach the boundary the margin is for)."""
+    assert any(not check(expiring_history(seed, 150), ttl={"t": 3.0}, margin=0.0).valid
+               for seed in range(80, 250))
