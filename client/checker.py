@@ -38,22 +38,24 @@ the one invoked last (``_KeyOps.candidates`` tries each delete that may be D, an
 delete certainly binds it): every add acknowledged before D's invocation is gone; an add seen for
 certain and invoked after every delete invoked up to D was acknowledged certainly survives
 (``base``); every other add invoked before e may count or not. The allowed values are the union,
-over the candidates for D, of base plus a subset of those. This over-approximates the contract:
-the uncertain adds are taken independently of each other (a read that sees one concurrent add
-need not see an earlier one), and a read on a key with deletes is judged over its whole span, not
-at one instant as the walk does. Intermediate reads take the hull of each candidate's subset sums
-(as the walk does); final reads take them exactly.
+over the candidates for D, of base plus a subset of those; that is exactly the contract's set
+(tests/test_checker_deletes.py holds it equal to a brute force over every set of binding
+deletes). Final reads take it exactly; intermediate reads take the hull of each candidate's
+subset sums (as the walk does), which over-approximates it: a value in a gap between subset sums
+passes. The contract's rule is itself looser than the walk's: the uncertain adds count
+independently of each other (a read may see a concurrent add and miss an earlier one), and a
+read is judged over its span, not at one instant.
 
 Scans: no key may come back twice; a key outside the scan's table or prefix, or one that cannot
 exist during the scan (never written, or every add certainly deleted and none written since) is a
 violation; a key that certainly exists for the whole scan (an add acknowledged before it began
 that no delete invoked before it ended can have removed) and certainly has a nonzero value
-throughout (0 is not among its allowed values over the scan's span) must come back: a scan that
-leaves it out skipped it. This is conservative: a written key whose value may be 0 need not be
-returned. Each value returned is judged as a read over the scan's span. The checker takes every
-counter to start at 0, and a table to have no ttl unless ``ttl`` names it. Reads, multi-gets and
-scans at consistency ``one`` are counted, not judged (the contract lets them show any stale
-value); a scan's repeats and keys outside it are judged at any level.
+throughout (0 lies outside the hull of every candidate's values over the scan's span) must come
+back: a scan that leaves it out skipped it. This is conservative: a written key whose value may
+be 0 need not be returned. Each value returned is judged as a read over the scan's span. The
+checker takes every counter to start at 0, and a table to have no ttl unless ``ttl`` names it.
+Reads, multi-gets and scans at consistency ``one`` are counted, not judged (the contract lets
+them show any stale value); a scan's repeats and keys outside it are judged at any level.
 
 Expiry (tables in ``ttl``, table -> seconds, set before the history begins; needs each event's
 ``time``). A key expires once its last change (an add's or a delete's application) is ``ttl``
@@ -348,8 +350,9 @@ class _KeyOps:
 
     def exact(self, s: int, e: int) -> tuple[list[Range], bool, int, int]:
         """The values a read over [s, e] may show, each candidate's subset sums exactly (for
-        final reads: one pass over the adds per candidate); with the base and the number of
-        uncertain adds of the last candidate."""
+        final reads: one pass over the adds per candidate; approximate only as
+        ``reachable_sums`` says); with the base and the number of uncertain adds of the last
+        candidate."""
         out: list[Range] = []
         approx = False
         base, unc = 0, list[int]()
