@@ -146,17 +146,17 @@ async def scan_page(node: Node, table: str, prefix: str, after: Position | None,
             merged[pos] = entry if got is None else got.merge(entry)
     now, state = node.clock(), node.state
     page: list[tuple[str, int]] = []
-    last: Position | None = None
+    nxt = bound
     for pos in sorted(merged):
         entry = merged[pos]
         if not entry.live() or state.expired(table, entry, now):
             continue
         page.append((pos[1], entry.value()))
-        last = pos
         if len(page) >= limit:
-            return page, last
+            nxt = pos
+            break
     node.metrics.reads += len(page)
-    return page, bound
+    return page, nxt
 
 
 async def tables(node: Node) -> list[dict[str, Any]]:
