@@ -81,7 +81,10 @@ def commit() -> str:
         return "unknown (not a git checkout)"
     if not head:
         return "unknown (not a git checkout)"
-    return head if described in ("", head) else f"{head} ({described})"
+    dirty = described.endswith("+changes")
+    tag = described.removesuffix("+changes")
+    text = head if tag in ("", head) else f"{head} ({tag})"
+    return f"{text}, with uncommitted changes" if dirty else text
 
 
 # -- the measures ----------------------------------------------------------------------------
