@@ -3,7 +3,7 @@
 Run: ``python -m bench.bench_fbf [--quick]``. Prints a table; every number comes from this run.
 Two Bloom baselines: ``BloomFilter.add`` (the project's, same hashing as the FBF) and the
 simplest add one would write (``mmh3.hash64``, a ``bitarray``, k positions ``(a + i*b) mod m``),
-which issue 13's target is stated against (FBF check+insert at most 2x it).
+which the hot path's target is stated against (FBF check+insert at most 2x it).
 """
 
 from __future__ import annotations

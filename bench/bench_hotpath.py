@@ -14,7 +14,7 @@ Rows (each timed in a loop of whole batches; the number is microseconds per op):
   append columns       ``DurableLog.append_columns`` with node-shaped columns (kind, origin,
                        ts shared), fsync off/on; ``inline`` rows fsync on the loop thread
   unpublished          ``NodeState.hold`` + ``busy`` + ``release`` per op: the leader's
-                       bookkeeping that keeps an op invisible until its quorum acks (issue 18)
+                       bookkeeping that keeps an op invisible until its quorum acks
   leader apply batch   ``Leader._apply_batch`` (dedup ``none``, so ids may repeat; a log that
                        only takes the columns) + ``Leader.release`` of the batch: the leader's
                        synchronous apply without the encoding

@@ -285,7 +285,7 @@ async def retry_until_acked(client: Client, url: str, key: str, op_id: str, delt
 
 
 async def test_two_leaders_checking_one_op_at_once_never_both_apply(tmp_path: Path) -> None:
-    """Issue 4 (over-counts under the pause nemesis), forced. A primary that was paused resumes
+    """Over-counts under the pause nemesis, forced. A primary that was paused resumes
     with stale copies of an op (retries, so it checks them on the replicas) while the replica
     that took over its keys is checking its own retry of the same op, waiting for the
     primary's answer. Each answered the other's HOLDS "not held" (neither had applied yet),

@@ -79,7 +79,7 @@ def test_merge_pair_reports_change() -> None:
     assert s.value("t", "k") == 2
 
 
-# -- unpublished deltas (issue 18) ------------------------------------------------------------
+# -- unpublished deltas (hidden) -------------------------------------------------------------
 
 # One leader's life on one key: apply an op (hidden until settled), publish the oldest
 # unsettled one, or withdraw it (compensate on its own origin, then unhide).
