@@ -24,8 +24,9 @@ from client.checker import check
 # same ops (two checks passing at once, now excluded by claims, cluster/roles/claims.py) and links
 # left without a connection at start (cluster/roles/failure.py) made pause and kill over-count.
 SURVIVED = ("lost-ack", "drop", "duplicate", "delay", "reset", "down", "pause")
-# A seed whose fast-partition run is INVALID on the code before the hidden deltas: 220 reads above the
-# attempted sum right after heals (the run below, with the code of commit 3c0b635).
+# A seed whose fast-partition run is INVALID on the code before unpublished deltas were hidden:
+# 220 reads above the attempted sum right after heals (the run below, with the code of commit
+# 3c0b635).
 FAST_PARTITION_SEED = 3
 
 
@@ -58,8 +59,8 @@ async def test_chaos_run_with_the_faults_the_node_survives(tmp_path: Path) -> No
 async def test_fast_partitions_never_show_an_op_twice(tmp_path: Path) -> None:
     """Partitions every 0.5-1.5 s for 1-3 s at 300 ops/s: a leader cut off applies ops its
     clients then retry elsewhere, and heals come while those are being settled. Before unpublished
-    deltas were hidden this run read values above what had been attempted, right after heals, and left a
-    final over-count; every read must now stay within Jepsen's bounds."""
+    deltas were hidden this run read values above what had been attempted, right after heals,
+    and left a final over-count; every read must now stay within Jepsen's bounds."""
     cfg = ChaosConfig(
         workload=WorkloadConfig(rate=300, duration=40, incr=0.6, decr=0.1, read=0.3),
         nemeses=("partition",), quiet=(0.5, 1.5), fault=(1.0, 3.0), out_dir=str(tmp_path),
