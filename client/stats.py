@@ -11,7 +11,7 @@ from typing import Any
 class ClientStats:
     """Counts since the client started; plain ints, read them at any time.
 
-    ops            adds the caller issued (coalesced ones counted each)
+    ops            ops (adds and deletes) the caller issued (coalesced adds counted each)
     sent_ops       ops with their own op id (after coalescing)
     acknowledged   ops answered applied or duplicate
     applied        answered "applied" on some attempt

@@ -625,49 +625,81 @@ def test_key_order_abandoning_a_waiting_delete_lets_the_adds_behind_it_go() -> N
     assert [e for e in o.clear_parked()] == []
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.booleans(), st.sets(st.sampled_from("abc"), min_size=1,
-                                                  max_size=2), st.booleans(),
-                          st.integers(0, 10)), max_size=40))
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["issue", "issue", "end", "cancel", "abandon", "close"]),
+                          st.lists(st.sampled_from("abc"), min_size=1, max_size=3)
+                          | st.sampled_from("abc").map(lambda k: [k]),
+                          st.booleans(), st.integers(0, 10)), max_size=50))
 def test_key_order_never_runs_a_delete_beside_its_key_and_keeps_issue_order(
-        steps: list[tuple[bool, set[str], bool, int]]) -> None:
-    """Random issues and ends: per key a running delete is alone; an op waits for every
-    earlier op of its keys that it conflicts with (one of the two is a delete) to end; once
-    everything running ends, nothing is left parked (no deadlock)."""
+        steps: list[tuple[str, list[str], bool, int]]) -> None:
+    """Random issues, ends, callers giving up and closes, driven as the batcher does: per key
+    a running delete is alone; an op waits for every earlier op of its keys that it conflicts
+    with (one of the two is a delete) to end or be dropped, and for nothing else (no entry is
+    left parked that may go); once everything running ends, nothing is parked or held.
+    A parked entry whose callers cancelled is abandoned when their callback runs (a no-op if
+    it went first: it then ended at once, unsent, inside its release); a close takes every
+    parked entry out; an explicit batch may name a key twice."""
     o = KeyOrder()
-    running: list[tuple[int, tuple[str, ...], bool]] = []
-    ended: set[int] = set()
-    issued: list[tuple[int, tuple[str, ...], bool]] = []
+    running: list[tuple[int, list[str], bool]] = []
+    done: set[int] = set()  # ended, abandoned, or taken out by a close
+    issued: list[tuple[int, list[str], bool]] = []
+    parked: dict[int, Parked] = {}
+    entries: list[tuple[int, Parked]] = []  # every entry that ever parked
+    cancelled: list[tuple[int, Parked]] = []
 
-    def start(n: int, keys: tuple[str, ...], delete: bool) -> None:
-        for m, other_keys, other_delete in issued[:n]:
-            if (delete or other_delete) and set(keys) & set(other_keys):
-                assert m in ended, f"op {n} went before conflicting op {m} ended"
-        for _m, other_keys, other_delete in running:
-            if delete or other_delete:
-                assert not set(keys) & set(other_keys)
-        running.append((n, keys, delete))
-
-    def finish(i: int) -> None:
-        n, keys, delete = running.pop(i)
-        ended.add(n)
+    def end(n: int, keys: list[str], delete: bool) -> None:
+        done.add(n)
         for key in keys:
             o.end(("t", key), delete)
 
-    for is_end, keyset, delete, pick in steps:
-        if is_end and running:
-            finish(pick % len(running))
-            continue
-        keys = tuple(sorted(keyset))
-        delete = delete and len(keys) == 1
-        n = len(issued)
-        issued.append((n, keys, delete))
-        entry = o.enter([("t", k) for k in keys], delete)
-        if entry is None:
-            start(n, keys, delete)
+    def start(n: int, keys: list[str], delete: bool) -> None:
+        parked.pop(n, None)
+        assert n not in done
+        for m, other_keys, other_delete in issued[:n]:
+            if (delete or other_delete) and set(keys) & set(other_keys):
+                assert m in done, f"op {n} went before conflicting op {m} ended"
+        for _m, other_keys, other_delete in running:
+            if delete or other_delete:
+                assert not set(keys) & set(other_keys)
+        if any(m == n for m, _e in cancelled):  # the batcher ends it unsent
+            end(n, keys, delete)
         else:
-            entry.release = functools.partial(start, n, keys, delete)
+            running.append((n, keys, delete))
+
+    for action, keys, delete, pick in steps:
+        if action == "end" and running:
+            end(*running.pop(pick % len(running)))
+        elif action == "cancel" and entries:  # its done callback has not run yet
+            cancelled.append(entries[pick % len(entries)])
+        elif action == "abandon" and entries:  # cancelled, and the callback runs
+            n, entry = entries[pick % len(entries)]
+            cancelled.append((n, entry))
+            if parked.pop(n, None) is not None:
+                done.add(n)
+            o.abandon(entry)
+        elif action == "close":
+            taken = {id(e) for e in o.clear_parked()}
+            assert taken == {id(e) for e in parked.values()}
+            done.update(parked)
+            parked.clear()
+        else:  # an issue (also an end, cancel or abandon with nothing to act on)
+            delete = delete and len(keys) == 1
+            n = len(issued)
+            issued.append((n, keys, delete))
+            entry = o.enter([("t", k) for k in keys], delete)
+            if entry is None:
+                start(n, keys, delete)
+            else:
+                parked[n] = entry
+                entries.append((n, entry))
+                entry.release = functools.partial(start, n, keys, delete)
+        assert o.parked == len(parked)
+        for n in parked:  # an entry waits only for an earlier one it conflicts with
+            _n, waiting_keys, waiting_delete = issued[n]
+            assert any(m not in done and (waiting_delete or other_delete)
+                       and set(waiting_keys) & set(other_keys)
+                       for m, other_keys, other_delete in issued[:n]), f"op {n} waits for nothing"
     while running:
-        finish(0)
-    assert o.parked == 0 and len(ended) == len(issued)
+        end(*running.pop(0))
+    assert o.parked == 0 and not parked and len(done) == len(issued)
     assert not any(o.busy(("t", k)) for k in "abc")
