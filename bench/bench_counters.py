@@ -27,8 +27,8 @@ in time, and prints a table:
             (and a sweep pass reached it), so with the default grace (3600 s) a run of minutes
             would only ever grow.
 
-multiget, delete and scan share one cluster (in that order; ``--rate 200000`` sizes the nodes'
-filters for the loads, as ``bench.bench_cluster`` does); churn starts one of its own. The load
+multiget and delete share one cluster (``--rate 200000`` sizes the nodes' filters for the loads,
+as ``bench.bench_cluster`` does); scan and churn each start one of their own. The load
 generator runs in this process on the same machine and competes for the same cores; the nodes'
 idle CPU (heartbeats, anti-entropy, sweeps) is measured before each part and printed beside it.
 ``--client aiohttp`` sends through one keep-alive aiohttp session per worker instead of
@@ -109,6 +109,15 @@ class Nodes:
         cpu0 = self.cpu()
         await asyncio.sleep(seconds)
         return round((self.cpu() - cpu0) / seconds, 3)
+
+    async def quiet(self, most: float, below: float = 0.1) -> tuple[float, float]:
+        """Wait (up to ``most`` s) until the nodes' CPU falls under ``below`` CPU-s/s: their
+        CPU a second then, and the seconds waited."""
+        start = time.perf_counter()
+        rate = await self.idle_cpu()
+        while rate >= below and time.perf_counter() - start < most:
+            rate = await self.idle_cpu()
+        return rate, round(time.perf_counter() - start, 1)
 
     async def metrics(self, node_id: str) -> dict[str, float]:
         """The node's unlabelled /metrics samples."""
@@ -504,7 +513,10 @@ async def part_scan(nodes: Nodes, args: argparse.Namespace) -> dict[str, Any]:
     print(f"loaded {count} counters in {out['load']['seconds']} s "
           f"({out['load']['ops_per_s']} ops/s, {args.load_batch} ops a /v1/batch sent to their "
           f"leader): {out['load']}", flush=True)
-    out["idle_node_cpu_per_s"] = await nodes.idle_cpu()
+    out["idle_node_cpu_per_s"], out["waited_for_idle_s"] = await nodes.quiet(args.idle_wait)
+    print(f"nodes' CPU before the scan: {out['idle_node_cpu_per_s']} CPU-s/s, after waiting "
+          f"{out['waited_for_idle_s']} s for the load's after-work (snapshots, digests)",
+          flush=True)
 
     seen: set[str] = set()
     dups = wrong = pages = short = 0
@@ -578,7 +590,7 @@ async def part_churn(nodes: Nodes, args: argparse.Namespace) -> dict[str, Any]:
         (p * period + b * period / batches, p, b)
         for p in range(periods) for b in range(batches) if p * period + b * period / batches
         < seconds)
-    sent = [0, 0, 0]  # applied, refused, batches late by more than a period's share
+    sent = [0, 0, 0]  # applied, refused (503 and the like: not resent), not sent by the end
     lag = [0.0]
     start = time.perf_counter()
 
@@ -586,12 +598,15 @@ async def part_churn(nodes: Nodes, args: argparse.Namespace) -> dict[str, Any]:
         conn = await nodes.open(nodes.ids[w % len(nodes.ids)])
         try:
             for due, p, b in schedule:
+                lo, hi = b * per_batch, min((b + 1) * per_batch, args.churn_keys)
                 wait = start + due - time.perf_counter()
                 if wait > 0:
                     await asyncio.sleep(wait)
+                elif time.perf_counter() - start >= seconds:  # behind and out of time: bounded
+                    sent[2] += hi - lo
+                    continue
                 else:
                     lag[0] = max(lag[0], -wait)
-                lo, hi = b * per_batch, min((b + 1) * per_batch, args.churn_keys)
                 ops = [{"table": tbl, "key": f"p{p}-{j}", "op_id": f"c:{p}:{j}", "delta": 1}
                        for j in range(lo, hi)]
                 status, body = await conn.request("POST", "/v1/batch",
@@ -614,6 +629,7 @@ async def part_churn(nodes: Nodes, args: argparse.Namespace) -> dict[str, Any]:
             expired += m.get("idc_expired_keys_total", 0)
             collected += m.get("idc_collected_keys_total", 0)
         row["expired"], row["collected"] = int(expired), int(collected)
+        row["written"] = sent[0]
         samples.append(row)
         print("  " + "  ".join(f"{k}={v}" for k, v in row.items()), flush=True)
 
@@ -635,11 +651,14 @@ async def part_churn(nodes: Nodes, args: argparse.Namespace) -> dict[str, Any]:
     await loading
 
     cols = ["t"] + [f"{i}_rss_mib" for i in nodes.ids] + [f"{i}_keys" for i in nodes.ids] + \
-        ["expired", "collected"]
-    table("churn: RSS (MiB) and keys held by each node, expired (deleted by time, by leaders) "
-          "and collected (dropped after the grace, all nodes) so far", samples, cols)
-    print(f"loaded {sent[0]} keys ({sent[1]} refused), the schedule late by "
-          f"{lag[0]:.2f} s at most", flush=True)
+        ["written", "expired", "collected"]
+    table("churn: RSS (MiB) and keys held by each node; so far: keys written (applied), "
+          "expired (deleted by time, by their leaders) and collected (dropped after the grace, "
+          "summed over the nodes)", samples, cols)
+    asked = sent[0] + sent[1] + sent[2]
+    print(f"churn load: {asked} new keys due in {seconds:g} s ({asked / seconds:.0f}/s): "
+          f"{sent[0]} applied, {sent[1]} refused (not resent), {sent[2]} not sent (the load fell "
+          f"behind its schedule, by {lag[0]:.1f} s at most, and stops at the end)", flush=True)
     verdicts = {"rss_after_two_periods": flatness(samples, nodes.ids, 2 * period,
                                                   "after the second period"),
                 "rss_after_steady": flatness(samples, nodes.ids, steady_t,
@@ -647,7 +666,8 @@ async def part_churn(nodes: Nodes, args: argparse.Namespace) -> dict[str, Any]:
     return {"config": {"ttl_s": args.churn_ttl, "keys_per_period": args.churn_keys,
                        "period_s": period, "seconds": seconds,
                        "tombstone_grace": args.churn_grace, "sweep_interval": args.churn_sweep},
-            "applied": sent[0], "refused": sent[1], "max_schedule_lag_s": round(lag[0], 2),
+            "applied": sent[0], "refused": sent[1], "not_sent": sent[2],
+            "max_schedule_lag_s": round(lag[0], 2),
             "samples": samples, **verdicts}
 
 
@@ -686,14 +706,18 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "nodes": 3, "rf": 3, "write_quorum": 2, "fsync": args.fsync, "client": args.client,
         "cores": os.cpu_count(), "concurrency": args.concurrency, "seconds": args.seconds}}
     fsync = [] if args.fsync else ["--no-fsync"]
-    shared = [p for p in parts if p != "churn"]
+    shared = [p for p in parts if p in ("multiget", "delete")]
     if shared:
         async with LocalCluster(3, rf=3, extra_args=["--rate", "200000", *fsync]) as cluster:
             nodes = Nodes(cluster, args.client)
             for part in shared:
                 print(f"\n--- {part} ---", flush=True)
-                results[part] = await {"multiget": part_multiget, "delete": part_delete,
-                                       "scan": part_scan}[part](nodes, args)
+                results[part] = await {"multiget": part_multiget,
+                                       "delete": part_delete}[part](nodes, args)
+    if "scan" in parts:  # alone: the deletes' tombstones would have the sweeps walk its keys
+        print("\n--- scan ---", flush=True)
+        async with LocalCluster(3, rf=3, extra_args=["--rate", "200000", *fsync]) as cluster:
+            results["scan"] = await part_scan(Nodes(cluster, args.client), args)
     if "churn" in parts:
         print("\n--- churn ---", flush=True)
         print(f"(nodes run with --tombstone-grace {args.churn_grace:g} instead of 3600: a key's "
@@ -716,7 +740,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.bench_counters",
                                  description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--quick", action="store_true",
-                    help="smoke run: 2 s phases, 20k counters scanned, a 20 s churn with ttl 3 s "
+                    help="smoke run: 1.5 s phases, 20k counters scanned, a 20 s churn with ttl 3 s "
                          "(nodes: --tombstone-grace 13 --sweep-interval 1); under a minute")
     ap.add_argument("--parts", default=",".join(PARTS),
                     help=f"comma-separated subset of {','.join(PARTS)}")
@@ -737,6 +761,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--load-workers", type=int, default=1,
                     help="load requests in flight at once (scan part)")
     ap.add_argument("--scan-limit", type=int, default=1000)
+    ap.add_argument("--idle-wait", type=float, default=60.0,
+                    help="most seconds to wait after the scan's load for the nodes to go idle")
     ap.add_argument("--churn-seconds", type=float, default=300.0)
     ap.add_argument("--churn-keys", type=int, default=200_000, help="new keys each period")
     ap.add_argument("--churn-ttl", type=int, default=30, help="the table's ttl_s")
@@ -751,7 +777,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args(argv)
     if args.quick:
-        args.seconds = min(args.seconds, 2.0)
+        args.seconds = min(args.seconds, 1.5)
+        args.idle_wait = min(args.idle_wait, 3.0)
         args.concurrency = min(args.concurrency, 8)
         args.mget_table_keys = min(args.mget_table_keys, 10_000)
         args.delete_keys = min(args.delete_keys, 100_000)
