@@ -380,3 +380,31 @@ async def test_the_sdk_reads_many_scans_deletes_and_sets_a_ttl_on_real_nodes(
             assert await c.get("sdk", "p5", consistency="all") == 2
             assert await c.set_table("sdk-ttl", ttl_s=60) == {"table": "sdk-ttl", "ttl_s": 60.0}
             assert {"name": "sdk-ttl", "ttl_s": 60.0} in await c.tables()
+
+
+async def test_a_leader_without_a_copy_of_an_expired_key_does_not_revive_it(
+        tmp_path: Path) -> None:
+    # no sweeps and no anti-entropy: the key stays expired and undeleted on its replicas, and
+    # its leader stays without a copy, as after missing its writes while down
+    client = Client()
+    try:
+        async with nodes(configs(tmp_path, sweep_interval=3600.0,
+                                 antientropy_interval=3600.0)) as servers:
+            b = [url(s) for s in servers]
+            await req(client, "PUT", f"{b[0]}/v1/tables/x", json={"ttl_s": 1})
+            ring = servers[0].node.ring
+            key = next(f"k{i}" for i in range(1000)
+                       if ring.preference_list("x", f"k{i}")[0] == "n1")
+            await client.add(b[0], "x", key, "c:1", 7)
+
+            async def expired() -> bool:
+                return await client.value(b[1], "x", key, "quorum") == 0
+
+            await wait_until(expired, timeout=10, what="the counter to expire")
+            assert servers[0].node.state.shards.drop("x", [key]) == 1
+            _, body = await client.add(b[0], "x", key, "c:2", 5)
+            assert body == {"applied": True}
+            assert await client.value(b[1], "x", key, "all") == 5  # not 12
+            assert all(s.node.state.shards.value("x", key) == 5 for s in servers)
+    finally:
+        await client.close()

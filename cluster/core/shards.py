@@ -478,6 +478,10 @@ class ShardStore:
     def tables(self) -> Iterator[str]:
         return iter(self._tables)
 
+    def holds(self, table: str, key: str) -> bool:
+        """This store holds some pair of the key."""
+        return self._find(table, key) is not None
+
     def has_floors(self) -> bool:
         """Some key here holds a floor or a last change (a delete or a ttl was ever seen)."""
         return any(o.startswith(FLOOR) for o in self._origins)

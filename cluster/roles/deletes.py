@@ -12,8 +12,9 @@ An increment the delete's read did not see raises its pair above the floor and c
 it saw lies under it on every replica that learns the floor, whatever order the two arrive in.
 
 Expiry is a delete made by time: before a leader applies an op to a key of a table with a ttl
-that its own state shows expired, it deletes the key the same way (``expire_first``), so the op
-starts the counter from 0 on every replica instead of reviving what expired.
+that its own state shows expired, or that a read quorum shows expired when it holds no copy of
+the key, it deletes the key the same way (``expire_first``), so the op starts the counter from 0
+on every replica instead of reviving what expired.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from cluster.core.entry import LAST
+from cluster.core.entry import LAST, CounterEntry
 from cluster.core.errors import Unavailable
 from cluster.core.ops import ItemFields, Op
 from cluster.roles.host import Host
@@ -122,35 +123,56 @@ async def lead_deletes(node: Node, ops: Sequence[Op], *, only_expired: bool = Fa
     return statuses
 
 
-def expire_ops(node: Node, ops: Sequence[Op]) -> list[Op]:
-    """Deletes by time for the keys of ``ops`` that this node's own state shows expired (tables
-    with a ttl only): what ``expire_first`` runs before leading ``ops``. Its op id is derived
-    from the key's last change, so every leader that expires the same state names the same
-    delete (its replicas take a second one as a duplicate)."""
+def _expiry_op(table: str, key: str, entry: CounterEntry) -> Op:
+    """The delete by time of a key in the state ``entry`` shows: its op id is derived from the
+    key's last change, so every leader that expires the same state names the same delete (its
+    replicas take a second one as a duplicate)."""
+    return Op(table, key, f"~expire:{key}:{entry.last_change_ms()}", 0, 1)
+
+
+def expire_ops(node: Node, ops: Sequence[Op]) -> tuple[list[Op], list[tuple[str, str]]]:
+    """What ``expire_first`` does before ``ops`` are led (tables with a ttl only): the deletes
+    by time of the keys this node's own copy shows expired, and the keys it holds no copy of
+    (their replicas may hold them expired: a quorum read tells)."""
     state = node.state
     if not state.ttl_tables:
-        return []
+        return [], []
     now = node.clock()
     now_ms = int(now * 1000)
     out: dict[tuple[str, str], Op] = {}
+    unknown: dict[tuple[str, str], None] = {}
     shards = state.shards
     for table, key, _op_id, _delta, _attempt in ops:
         if table not in state.ttl_tables or (table, key) in out:
+            continue
+        if not shards.holds(table, key):
+            unknown[(table, key)] = None
             continue
         settings = state.tables[table]
         if not settings.expired(shards.pair(table, key, LAST)[0], now_ms):
             continue  # the common case, a key written lately: one pair looked up
         e = shards.entry(table, key)
         if e.live() and state.expired(table, e, now):
-            out[(table, key)] = Op(table, key, f"~expire:{key}:{e.last_change_ms()}", 0, 1)
-    return list(out.values())
+            out[(table, key)] = _expiry_op(table, key, e)
+    return list(out.values()), list(unknown)
 
 
 async def expire_first(node: Node, ops: Sequence[Op]) -> bool:
-    """Expire the keys of ``ops`` that this node's state shows expired before they are led;
-    False when a delete could not reach its quorum (the ops then answer 503: applying them on
-    top of an expired counter would revive it)."""
-    expiring = expire_ops(node, ops)
+    """Expire the keys of ``ops`` that have expired before they are led: those this node's
+    copy shows expired, and those it holds no copy of that a read quorum shows expired (the
+    read's repair gives this node its copy, so a key pays the read once). False when a read or
+    a delete could not reach its quorum (the ops then answer 503: applying them on top of an
+    expired counter would revive it)."""
+    expiring, unknown = expire_ops(node, ops)
+    if unknown:
+        try:
+            entries = await read_entries(node, unknown, "quorum")
+        except Unavailable:
+            return False
+        now = node.clock()
+        expiring.extend(_expiry_op(table, key, e) for (table, key), e
+                        in zip(unknown, entries, strict=True)
+                        if e.live() and node.state.expired(table, e, now))
     if not expiring:
         return True
     statuses = await lead_deletes(node, expiring, only_expired=True)

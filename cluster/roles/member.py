@@ -458,7 +458,7 @@ class Node:
             return done
         if self.is_live == self.detector.is_live:
             self.detector.check_all()  # after a pause, see the silence before leading anything
-        if self.state.ttl_tables and deletes.expire_ops(self, ops):
+        if self.state.ttl_tables and any(deletes.expire_ops(self, ops)):
             return asyncio.ensure_future(self._lead_expired(ops, births))
         return self._lead_checked(ops, births)
 
