@@ -39,7 +39,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
+import json
 import math
 import os
 import random
@@ -93,6 +95,7 @@ class Nodes:
         self.ids = list(cluster.nodes)
         self.addr = {i: (n.host, n.port) for i, n in cluster.nodes.items()}
         self.pid = {i: n.proc.pid for i, n in cluster.nodes.items() if n.proc}
+        self.log = {i: n.log_path for i, n in cluster.nodes.items()}
         self.client = client
 
     async def open(self, node_id: str) -> Conn:
@@ -391,8 +394,6 @@ async def part_multiget(nodes: Nodes, args: argparse.Namespace) -> dict[str, Any
 
 
 def _json_bytes(obj: Any) -> bytes:
-    import json
-
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
@@ -659,6 +660,7 @@ async def part_churn(nodes: Nodes, args: argparse.Namespace) -> dict[str, Any]:
     print(f"churn load: {asked} new keys due in {seconds:g} s ({asked / seconds:.0f}/s): "
           f"{sent[0]} applied, {sent[1]} refused (not resent), {sent[2]} not sent (the load fell "
           f"behind its schedule, by {lag[0]:.1f} s at most, and stops at the end)", flush=True)
+    health = await churn_health(nodes, time.time() - (time.perf_counter() - start))
     verdicts = {"rss_after_two_periods": flatness(samples, nodes.ids, 2 * period,
                                                   "after the second period"),
                 "rss_after_steady": flatness(samples, nodes.ids, steady_t,
@@ -666,9 +668,33 @@ async def part_churn(nodes: Nodes, args: argparse.Namespace) -> dict[str, Any]:
     return {"config": {"ttl_s": args.churn_ttl, "keys_per_period": args.churn_keys,
                        "period_s": period, "seconds": seconds,
                        "tombstone_grace": args.churn_grace, "sweep_interval": args.churn_sweep},
-            "applied": sent[0], "refused": sent[1], "not_sent": sent[2],
+            "applied": sent[0], "refused": sent[1], "not_sent": sent[2], "health": health,
             "max_schedule_lag_s": round(lag[0], 2),
             "samples": samples, **verdicts}
+
+
+async def churn_health(nodes: Nodes, t0: float) -> dict[str, Any]:
+    """What the nodes went through: peers their failure detectors took for down (from their
+    logs; every node here stayed up, so each is a false suspicion: a node too busy to answer
+    heartbeats within --failure-timeout), and the ops refused, fenced and checked on replicas
+    (checks follow a peer seen down: cluster.roles.checks)."""
+    downs: dict[str, list[float]] = {}
+    for i, path in nodes.log.items():
+        for line in path.read_text(errors="replace").splitlines():
+            if '"cluster.failure"' in line and "is down" in line:
+                with contextlib.suppress(ValueError, KeyError):
+                    downs.setdefault(i, []).append(round(json.loads(line)["ts"] - t0, 1))
+    totals: dict[str, int] = {}
+    for i in nodes.ids:
+        m = await nodes.metrics(i)
+        for name in ("unavailable", "fenced", "retry_checks", "deletes", "collected_keys"):
+            totals[name] = totals.get(name, 0) + int(m.get(f"idc_{name}_total", 0))
+    first = min((t for ts in downs.values() for t in ts), default=None)
+    print(f"peers taken for down (every node stayed up): "
+          f"{sum(map(len, downs.values()))} times"
+          + (f", first at t={first} s; by node: {downs}" if downs else "")
+          + f"; node totals: {totals}", flush=True)
+    return {"peer_down_events": downs, "totals": totals}
 
 
 def flatness(samples: list[dict[str, Any]], ids: list[str], from_t: float, what: str

@@ -90,6 +90,7 @@ def test_bench_counters_runs_quick() -> None:
     assert "20000 keys written, 20000 returned" in out and "every key exactly once" in out
     assert "churn: RSS (MiB) and keys held by each node" in out
     assert "n3: RSS after the second period:" in out
+    assert "peers taken for down (every node stayed up):" in out
 
 
 def test_churn_flatness_is_judged_from_its_base_sample() -> None:
