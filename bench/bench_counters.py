@@ -21,7 +21,9 @@ in time, and prints a table:
   churn     a table with ``ttl_s = --churn-ttl`` (30) that gets ``--churn-keys`` (200k) new keys
             every ``--churn-period`` (the ttl) for ``--churn-seconds`` (300), spread evenly;
             every node's RSS and keys held sampled every ``--rss-every`` s, and whether each
-            node's RSS stayed within 15% of its value at the end of the second period. Its own
+            node's RSS stayed within 15% of its value at the end of the second period (and
+            from the earliest steady state, ttl + grace + a period); the load stops at the end
+            even when behind, and the peers the nodes took for down are counted. Its own
             cluster runs with a short ``--tombstone-grace`` and ``--sweep-interval``: a key's
             memory is reclaimed only once its ttl and then its tombstone's grace have passed
             (and a sweep pass reached it), so with the default grace (3600 s) a run of minutes
