@@ -408,3 +408,21 @@ async def test_a_leader_without_a_copy_of_an_expired_key_does_not_revive_it(
             assert all(s.node.state.shards.value("x", key) == 5 for s in servers)
     finally:
         await client.close()
+
+
+async def test_a_tombstone_past_its_grace_is_not_taken_back_from_a_peer(tmp_path: Path) -> None:
+    async with nodes(configs(tmp_path)) as servers:
+        node = servers[0].node
+        now_ms = int(node.clock() * 1000)
+        grace_ms = int(node.config.tombstone_grace * 1000)
+        old = CounterEntry({"n2@1": (5, 0), FLOOR + "n2@1": (5, 0), LAST: (now_ms - grace_ms, 0)})
+        fresh = CounterEntry({"n2@1": (5, 0), FLOOR + "n2@1": (5, 0), LAST: (now_ms, 0)})
+        assert old.collectable(now_ms, grace_ms) and not fresh.collectable(now_ms, grace_ms)
+        assert not CounterEntry({"n2@1": (6, 0), FLOOR + "n2@1": (5, 0),
+                                 LAST: (1, 0)}).collectable(now_ms, grace_ms)  # live
+        await node.on_repair([["t", "dead", old.to_wire()], ["t", "young", fresh.to_wire()]])
+        assert not node.state.shards.holds("t", "dead")  # collected here, or never needed
+        assert node.state.shards.holds("t", "young")  # not past its grace: kept, merged
+        node.state.shards.merge_pair("t", "held", "n3@1", 1, 0)
+        await node.on_repair([["t", "held", old.to_wire()]])
+        assert node.state.shards.entry("t", "held").pairs[FLOOR + "n2@1"] == (5, 0)

@@ -114,6 +114,12 @@ class CounterEntry:
     def last_change_ms(self) -> int:
         return last_change_ms(self._pn)
 
+    def collectable(self, now_ms: int, grace_ms: int) -> bool:
+        """A tombstone (nothing above its floors) whose last change is ``grace_ms`` old: a node
+        drops it (``cluster.roles.expiry``) and never takes it back from a peer."""
+        last = last_change_ms(self._pn)
+        return bool(last) and last + grace_ms <= now_ms and not is_live(self._pn)
+
     def floors(self, now_ms: int) -> dict[str, Pair]:
         """The pairs a delete that saw this entry at ``now_ms`` writes: every origin's pair as
         the floor of that origin (floors it holds already included), and ``LAST`` at

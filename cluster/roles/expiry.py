@@ -95,8 +95,8 @@ class Sweeper:
                         if (ttl is not None and ttl.expired(last, now_ms)
                                 and node.ring.leader(table, key, node.is_live) == node.id):
                             expiring.append(Op(table, key, f"~expire:{key}:{last}", 0, 1))
-                    elif last and last + grace_ms <= now_ms and not shards.has_hidden(table,
-                                                                                      key):
+                    elif (entry.collectable(now_ms, grace_ms)
+                          and not shards.has_hidden(table, key)):
                         dead.append(key)
                 if dead:
                     collected += collect(node, table, dead)

@@ -125,11 +125,20 @@ class Replica:
         return flags
 
     def on_repair(self, items: list[list[Any]], op_id: str = "") -> asyncio.Future[None]:
+        """Merge entries (read repair, anti-entropy, a move's hand-off) and log what they
+        raised. A tombstone past its grace for a key this node does not hold is left out: this
+        node collected it (or never needed it), and taking it back from a replica that has not
+        collected it yet would only have the two trade it until both have."""
         records = []
         now = self.clock()
-        merge = self.state.shards.merge_pair
+        shards = self.state.shards
+        merge, holds = shards.merge_pair, shards.holds
+        now_ms, grace_ms = int(now * 1000), int(self.state.config.tombstone_grace * 1000)
         for table, key, wire_entry in items:
-            for origin, (p, n) in CounterEntry.from_wire(wire_entry).pairs.items():
+            entry = CounterEntry.from_wire(wire_entry)
+            if not holds(table, key) and entry.collectable(now_ms, grace_ms):
+                continue
+            for origin, (p, n) in entry.pairs.items():
                 if merge(table, key, origin, p, n):
                     records.append(LogRecord(REPLICA, op_id, table, key, 0, origin, p, n, now))
         self.metrics.repairs_in += len(records)
