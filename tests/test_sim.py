@@ -71,6 +71,55 @@ def test_broken_dedup_is_caught_within_the_first_seeds() -> None:
     assert len(caught) >= 2
 
 
+# deletes, multi-gets and scans in the mix (``--mix``), and a table with a ttl (``--ttl``)
+NEW_OPS = (("delete", 0.1), ("multiget", 0.05), ("scan", 0.05))
+
+
+def test_deletes_multigets_scans_and_expiry_keep_the_guarantee(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every default fault with deletes, multi-gets, scans and a second table whose 3 s ttl is
+    set through the membership: valid, with each kind judged, reads of keys that had expired
+    (they must read 0), and tombstones collected within the run (grace 15 s)."""
+    from cluster.roles import expiry
+
+    collected: list[int] = []
+    collect = expiry.collect
+    monkeypatch.setattr(expiry, "collect", lambda node, table, keys: collected.append(
+        collect(node, table, keys)) or collected[-1])
+    reports = []
+    for seed in (2, 3):  # seeds whose draws include every kind (seed 1 draws no scan)
+        res = run_seed(Options(seed=seed, ops=100, faults=DEFAULT_FAULTS, mix=NEW_OPS,
+                               ttl=3.0))
+        assert res.ok, res.line()
+        reports.append(res.report)
+    assert all(r.deletes_ok and r.multigets and r.scans and r.expired_reads for r in reports)
+    assert all(any(f.key.startswith("e/") and f.expired for f in r.finals) for r in reports)
+    assert sum(collected) > 0
+
+
+def test_a_seed_with_the_new_ops_replays_byte_for_byte() -> None:
+    def run() -> Result:
+        return run_seed(Options(seed=3, ops=40, faults=("drop", "partition", "crash"),
+                                mix=NEW_OPS, ttl=2.0))
+
+    first, second = run(), run()
+    assert first.report.deletes and _text(first) == _text(second)
+
+
+def test_floors_dropped_by_repairs_are_caught() -> None:
+    """``--break floors``: read repair, anti-entropy and hints drop the floor pairs of deletes,
+    so a replica that missed a delete's REPLICATE keeps the increments it removed and shows them
+    again. Partitions alone: the seed is valid unbroken and resurrects broken."""
+    def run(breaks: tuple[str, ...] = ()) -> Result:
+        return run_seed(Options(seed=1, ops=60, faults=("partition",),
+                                mix=(("delete", 0.15),), breaks=breaks))
+
+    assert run().ok
+    res = run(("floors",))
+    assert not res.ok
+    assert res.report.over_count > 0 and any(not f.converged for f in res.report.finals)
+
+
 def test_visible_unpublished_deltas_are_caught() -> None:
     """``ShardStore.hide`` a no-op (``--break hide``): a delta applied by a leader that never
     reached its quorum is visible, then withdrawn or applied again elsewhere."""
@@ -188,5 +237,19 @@ def test_a_sweep_in_worker_processes_prints_every_seed_in_order(
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines[:4]] == [f"seed {s}" for s in range(3, 7)]
     assert lines[4].startswith("4 seed(s), 0 violation(s)") and "2 job(s)" in lines[4]
+
+
+def test_the_cli_takes_the_mix_and_a_ttl(capsys: pytest.CaptureFixture[str]) -> None:
+    from cluster.sim.__main__ import main
+
+    assert main(["--seed", "2", "--ops", "30", "--faults", "drop", "--mix",
+                 "delete=0.2,scan=0.1,read=0.1", "--ttl", "2"]) == 0
+    line = capsys.readouterr().out.splitlines()[0]
+    assert "deletes=" in line and "scans=" in line
+    opts = Options(seed=2, mix=(("delete", 0.2),), ttl=2.0, breaks=("floors",))
+    assert opts.command().endswith("--mix delete=0.2 --ttl 2 --break floors")
+    for bad in ("delete=2", "nope=0.1", "delete=0.5,scan=0.5"):
+        with pytest.raises(SystemExit):
+            main(["--seed", "2", "--mix", bad])
 
 

@@ -11,7 +11,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 from cluster.sim.forensics import failing_keys, key_story
-from cluster.sim.run import BREAKS, DEFAULT_FAULTS, FAULTS, Options, run_seed
+from cluster.sim.run import BREAKS, DEFAULT_FAULTS, FAULTS, MIX, Options, run_seed
 
 
 def _seeds(text: str) -> range:
@@ -25,6 +25,24 @@ def _names(text: str, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:
     if bad:
         raise SystemExit(f"--{what}: unknown {bad}; choose from {','.join(allowed)}")
     return names
+
+
+def _mix(text: str) -> tuple[tuple[str, float], ...]:
+    """``NAME=SHARE,...`` (names of ``MIX``): the shares that differ from the defaults."""
+    out: dict[str, float] = {}
+    for part in filter(None, text.split(",")):
+        name, _, share = part.partition("=")
+        try:
+            value = float(share)
+        except ValueError:
+            value = -1.0
+        if name not in MIX or not 0.0 <= value <= 1.0:
+            raise SystemExit(f"--mix: {part!r} is not NAME=SHARE with NAME one of "
+                             f"{','.join(MIX)} and SHARE in [0, 1]")
+        out[name] = value
+    if sum({**MIX, **out}.values()) > 1.0:
+        raise SystemExit("--mix: the shares add up to more than 1 (adds take the rest)")
+    return tuple((k, v) for k, v in out.items() if v != MIX[k])
 
 
 def _one(opts: Options, trace: bool, history: str | None) -> tuple[bool, float, float, str]:
@@ -58,6 +76,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--faults", default=",".join(DEFAULT_FAULTS),
                     help=f"any of {','.join(FAULTS)} (default: all but skew and membership), "
                          "or none")
+    ap.add_argument("--mix", default="",
+                    help="the op mix, NAME=SHARE,... of "
+                         + ",".join(f"{k} (default {v:g})" for k, v in MIX.items())
+                         + "; adds take the rest. Deletes are retried as adds are, multi-gets "
+                         "read 2-3 keys, scans follow the cursor to the end")
+    ap.add_argument("--ttl", type=float, default=None,
+                    help="a second table with this ttl (seconds, at least 1), set through the "
+                         "membership before the clients start; 30%% of the ops go to it, and "
+                         "the checker judges expiry")
     ap.add_argument("--break", dest="breaks", default="",
                     help=f"test-only: {','.join(BREAKS)} (the checker must then fail)")
     ap.add_argument("--history", help="write the history of the (last) seed here, JSON lines")
@@ -71,8 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     seeds = _seeds(args.seeds) if args.seeds else range(args.seed, args.seed + 1)
     faults = _names(args.faults, FAULTS, "faults")
     breaks = _names(args.breaks, BREAKS, "break")
+    mix = _mix(args.mix)
+    if args.ttl is not None and not args.ttl >= 1.0:
+        ap.error("--ttl must be at least 1 (seconds)")
     runs = [(Options(seed=seed, nodes=args.nodes, rf=args.rf, ops=args.ops,
-                     clients=args.clients, keys=args.keys, faults=faults, breaks=breaks),
+                     clients=args.clients, keys=args.keys, faults=faults, breaks=breaks,
+                     mix=mix, ttl=args.ttl),
              args.trace, args.history if seed == seeds[-1] else None) for seed in seeds]
     failed = 0
     virtual = real = 0.0

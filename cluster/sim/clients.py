@@ -1,6 +1,13 @@
 """Simulated clients: op ids ``c<client>:<seq>``, retries with the same id on a timeout or a 503
 at another node (attempt numbers, the op's age bounded by the dedup window as the edge's 410
-would), quorum reads, and the history in ``client.checker``'s event format."""
+would), quorum reads, and the history in ``client.checker``'s event format.
+
+Besides adds and reads, when the workload asks for them: deletes (retried as adds are, recorded
+``invoke``/``ok``/``info`` as adds are), multi-gets (``Node.read_many`` at ``quorum`` over a few
+distinct keys of any table) and scans (``scan_page`` at ``quorum``, pages of 1-3 keys, following
+the cursor to the end: one history op); and a second table, ``TTL_TABLE``, whose ttl the run
+sets through the membership before the clients start, written and read like the first.
+"""
 
 from __future__ import annotations
 
@@ -11,22 +18,41 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.core.ops import Op
+from cluster.roles.member import Node
+from cluster.roles.scans import scan_page
 from cluster.sim.world import Host, World
 from cluster.transport.wire import Status
 
 TABLE = "t"
+TTL_TABLE = "e"  # the table with a ttl (``Workload.ttl``)
 _OK = {int(Status.APPLIED): False, int(Status.DUPLICATE): True}  # status -> duplicate
+MAX_PAGES = 100  # a scan that has not ended after this many pages fails
 
 
 @dataclass
 class Workload:
+    """Each op is a read, a delete, a multi-get or a scan with its ratio, else an add (the
+    ratios are drawn from one number, so with the last three 0 a seed's ops are what they
+    were before those existed). With ``ttl``, an op goes to ``TTL_TABLE`` with ``ttl_ratio``."""
+
     clients: int = 6
     ops: int = 200
     keys: int = 4
     read_ratio: float = 0.2
+    delete_ratio: float = 0.0
+    multiget_ratio: float = 0.0
+    scan_ratio: float = 0.0
+    ttl: float | None = None  # seconds: TTL_TABLE's ttl, set before the clients start
+    ttl_ratio: float = 0.3
+    ttl_keys: int = 8  # more keys than the first table: each is written less often
+    multiget_keys: int = 3  # a multi-get reads 2..this many distinct keys
     timeout: float = 3.0  # a client call gives up after this long (virtual seconds)
     max_attempts: int = 8
     think: float = 0.5  # a client waits up to this long between its ops
+
+    def tables(self) -> list[tuple[str, int]]:
+        """Every table the clients use, with its number of keys."""
+        return [(TABLE, self.keys)] + ([(TTL_TABLE, self.ttl_keys)] if self.ttl else [])
 
 
 @dataclass
@@ -45,13 +71,24 @@ class Client:
         self.seq = 0
 
     async def run(self, ops: int) -> None:
+        w, rng = self.work, self.rng
         for _ in range(ops):
-            await asyncio.sleep(self.rng.uniform(0, self.work.think))
-            key = f"k{self.rng.randrange(self.work.keys)}"
-            if self.rng.random() < self.work.read_ratio:
-                await self.read(key)
+            await asyncio.sleep(rng.uniform(0, w.think))
+            key = f"k{rng.randrange(w.keys)}"
+            table = TABLE
+            if w.ttl and rng.random() < w.ttl_ratio:
+                table, key = TTL_TABLE, f"k{rng.randrange(w.ttl_keys)}"
+            r = rng.random()
+            if r < w.read_ratio:
+                await self.read(key, table)
+            elif (r := r - w.read_ratio) < w.delete_ratio:
+                await self.write("delete", table, key, None)
+            elif (r := r - w.delete_ratio) < w.multiget_ratio:
+                await self.multiget()
+            elif r - w.multiget_ratio < w.scan_ratio:
+                await self.scan(table)
             else:
-                await self.add(key, self.rng.choice((1, 1, 2, 3, 5, -1, 10)))
+                await self.write("add", table, key, rng.choice((1, 1, 2, 3, 5, -1, 10)))
 
     async def _call(self, host: Host, coro_fn: Any) -> Any:
         """Run ``coro_fn(node)`` on ``host`` as a request would: waits while the host is
@@ -77,13 +114,15 @@ class Client:
 
         return await asyncio.wait_for(attempt(), self.work.timeout)
 
-    async def add(self, key: str, delta: int) -> None:
+    async def write(self, f: str, table: str, key: str, delta: int | None) -> None:
+        """An add (``delta``) or a delete (``delta`` None): the same op id at every attempt,
+        at another node after a timeout or a 503."""
         loop = asyncio.get_running_loop()
         self.seq += 1
         op_id, start = f"c{self.cid}:{self.seq}", loop.time()
         ids = self.world.ids
         nid = self.rng.choice(ids)
-        ev = {"f": "add", "process": self.process, "key": f"{TABLE}/{key}", "value": delta,
+        ev = {"f": f, "process": self.process, "key": f"{table}/{key}", "value": delta,
               "op_id": op_id}
         self.history.add(loop, type="invoke", **ev, node=nid)
         attempt, outcome = 0, None
@@ -92,12 +131,17 @@ class Client:
             attempt += 1
             if loop.time() - start > window * 0.9:
                 break  # older than the window: the edge would answer 410 op_expired
-            op = Op(TABLE, key, op_id, delta, attempt)
-            try:
+            op = Op(table, key, op_id, delta or 0, attempt)
+
+            async def attempt_at(node: Node, op: Op = op) -> list[int]:
                 # born: the first attempt, on the node's clock (what the SDK's ts_ms tells it)
-                statuses = await self._call(
-                    self.world.hosts[nid],
-                    lambda node, op=op: node.submit([op], [node.clock() - (loop.time() - start)]))
+                born = [node.clock() - (loop.time() - start)]
+                if delta is None:
+                    return await node.delete([op], born)
+                return await node.submit([op], born)
+
+            try:
+                statuses = await self._call(self.world.hosts[nid], attempt_at)
             except Exception:  # noqa: BLE001 - timeout, refused, reset, a node error
                 statuses = [int(Status.UNAVAILABLE)]
             status = int(statuses[0])
@@ -115,35 +159,79 @@ class Client:
             self.history.add(loop, type="ok", **ev, node=nid, attempts=attempt,
                              duplicate=outcome)
 
-    async def read(self, key: str) -> None:
+    async def read(self, key: str, table: str = TABLE) -> None:
         loop = asyncio.get_running_loop()
         nid = self.rng.choice(self.world.ids)
-        ev = {"f": "read", "process": self.process, "key": f"{TABLE}/{key}", "node": nid}
+        ev = {"f": "read", "process": self.process, "key": f"{table}/{key}", "node": nid}
         self.history.add(loop, type="invoke", **ev, value=None)
         try:
             value = await self._call(self.world.hosts[nid],
-                                     lambda node: node.read(TABLE, key, "quorum"))
+                                     lambda node: node.read(table, key, "quorum"))
         except Exception:  # noqa: BLE001 - a failed read tells nothing; the checker skips it
             self.history.add(loop, type="fail", **ev, value=None)
             return
         self.history.add(loop, type="ok", **ev, value=int(value))
+
+    async def multiget(self) -> None:
+        """``Node.read_many`` at ``quorum`` over 2..multiget_keys distinct keys of any table."""
+        loop, rng = asyncio.get_running_loop(), self.rng
+        names = [(t, f"k{k}") for t, n in self.work.tables() for k in range(n)]
+        reads = rng.sample(names, rng.randint(2, self.work.multiget_keys))
+        nid = rng.choice(self.world.ids)
+        ev = {"f": "multiget", "process": self.process, "keys": [f"{t}/{k}" for t, k in reads],
+              "node": nid, "consistency": "quorum"}
+        self.history.add(loop, type="invoke", **ev, value=None)
+        try:
+            values = await self._call(self.world.hosts[nid],
+                                      lambda node: node.read_many(reads, "quorum"))
+        except Exception:  # noqa: BLE001 - a failed multi-get tells nothing
+            self.history.add(loop, type="fail", **ev, value=None)
+            return
+        self.history.add(loop, type="ok", **ev, value=[int(v) for v in values])
+
+    async def scan(self, table: str) -> None:
+        """Every page of one scan of ``table`` (keys starting with ``prefix``: all of them,
+        or now and then one key's name) at one node, as one op; a page that fails fails it."""
+        loop, rng = asyncio.get_running_loop(), self.rng
+        keys = dict(self.work.tables())[table]
+        prefix = "" if rng.random() < 0.7 else f"k{rng.randrange(keys)}"
+        limit = rng.randint(1, 3)
+        nid = rng.choice(self.world.ids)
+        ev = {"f": "scan", "process": self.process, "table": table, "prefix": prefix,
+              "page_size": limit, "node": nid, "consistency": "quorum"}
+        self.history.add(loop, type="invoke", **ev, value=None)
+        got: list[list[Any]] = []
+        after: tuple[int, str] | None = None
+        try:
+            for _ in range(MAX_PAGES):
+                page, after = await self._call(
+                    self.world.hosts[nid], lambda node, at=after: scan_page(
+                        node, table, prefix, at, limit, "quorum"))
+                got += [[f"{table}/{k}", int(v)] for k, v in page]
+                if after is None:
+                    break
+            else:
+                raise TimeoutError(f"no end after {MAX_PAGES} pages")
+        except Exception:  # noqa: BLE001 - a failed scan tells nothing
+            self.history.add(loop, type="fail", **ev, value=None, returned=len(got))
+            return
+        self.history.add(loop, type="ok", **ev, value=got)
 
 
 async def final_reads(world: World, work: Workload, history: History) -> None:
     """After healing and quiet: every key read on every node (``one``: its own replica when it
     holds the key), one after another."""
     loop = asyncio.get_running_loop()
-    for k in range(work.keys):
-        key = f"k{k}"
+    for table, key in [(t, f"k{k}") for t, n in work.tables() for k in range(n)]:
         for nid in world.ids:
             host = world.hosts[nid]
-            ev = {"f": "final-read", "process": f"final-{nid}", "key": f"{TABLE}/{key}",
+            ev = {"f": "final-read", "process": f"final-{nid}", "key": f"{table}/{key}",
                   "node": nid}
             history.add(loop, type="invoke", **ev, value=None)
             try:
                 node = host.node
                 assert node is not None
-                value = await asyncio.wait_for(node.read(TABLE, key, "one"), work.timeout)
+                value = await asyncio.wait_for(node.read(table, key, "one"), work.timeout)
             except Exception:  # noqa: BLE001 - reported as a missing final read
                 history.add(loop, type="fail", **ev, value=None)
                 continue

@@ -1,7 +1,9 @@
-"""What happened to one key in a simulated run, in virtual time: the clients' adds (each
-invocation and how it ended), the reads the checker found out of bounds, and every record each
-node's log made durable for the key (APPLY, REPLICA, PUBLISHED, WITHDRAW: which node applied
-which op when), at the virtual time of the fsync that made it durable. The disks keep every
+"""What happened to one key in a simulated run, in virtual time: the clients' adds and deletes
+(each invocation and how it ended), the reads (multi-get and scan values too) the checker found
+out of bounds, the scans that skipped or repeated it, and every record each node's log made
+durable for the key (APPLY, REPLICA, PUBLISHED, WITHDRAW: which node applied which op when; a
+delete's floors are REPLICA records of origin ``~<origin>``, the key's last change ``~``), at the
+virtual time of the fsync that made it durable. The disks keep every
 synced frame for this (``SimDisk.archive``), so a failing seed's story is read after the run,
 from the real log encoding, without instrumenting a node.
 """
@@ -24,6 +26,7 @@ def failing_keys(res: Result) -> list[str]:
     """The keys (``table/key``) the checker found a problem with, in a stable order."""
     keys = {r.key for r in res.report.read_errors}
     keys |= {f.key for f in res.report.finals if not f.valid}
+    keys |= {s.key for s in res.report.scan_errors}
     return sorted(keys)
 
 
@@ -33,12 +36,13 @@ def key_story(res: Result, key: str) -> list[str]:
     lines: list[tuple[float, int, str]] = []
     invoked: dict[str, dict[str, Any]] = {}
     for i, ev in enumerate(res.history):
-        if ev.get("key") != key or ev.get("f") != "add":
+        if ev.get("key") != key or ev.get("f") not in ("add", "delete"):
             continue
         op = ev["op_id"]
         if ev["type"] == "invoke":
             invoked[op] = ev
-            what = f"{op} ({ev['value']:+d}) invoked at {ev['node']}"
+            what = (f"{op} ({ev['value']:+d})" if ev["f"] == "add" else f"{op} (delete)")
+            what += f" invoked at {ev['node']}"
         elif ev["type"] == "ok":
             how = "duplicate" if ev.get("duplicate") else "applied"
             what = f"{op} ok ({how}) at {ev['node']}, attempt {ev['attempts']}"
@@ -47,8 +51,14 @@ def key_story(res: Result, key: str) -> list[str]:
         lines.append((ev["time"], i, f"client   {what}"))
     for r in res.report.read_errors:
         if r.key == key and r.time is not None:
-            lines.append((r.time, 0, f"READ OUT OF BOUNDS: {r.value} not in "
-                                     f"[{r.lower}, {r.upper}] (process {r.process})"))
+            allowed = (" (expired: must read 0)" if r.expired else
+                       f" (allowed {list(r.ranges)[:4]})" if r.ranges else "")
+            lines.append((r.time, 0, f"{r.source.upper()} OUT OF BOUNDS: {r.value} not in "
+                                     f"[{r.lower}, {r.upper}]{allowed} (process {r.process})"))
+    for sp in res.report.scan_errors:
+        if sp.key == key and sp.time is not None:
+            lines.append((sp.time, 0, f"SCAN {sp.kind.upper()}: {sp.detail} "
+                                      f"(process {sp.process})"))
     if res.world is not None:
         for host in res.world.hosts.values():
             for synced, data in host.disk.archive:

@@ -18,10 +18,12 @@ from typing import Any, cast
 
 from client.checker import CounterReport, check
 from cluster.core import store_kernel
+from cluster.core.entry import FLOOR, LAST
 from cluster.core.membership import Membership
 from cluster.core.shards import ShardStore
 from cluster.roles.member import Node
-from cluster.sim.clients import History, Workload, client_tasks, final_reads
+from cluster.roles.replica import Replica
+from cluster.sim.clients import TTL_TABLE, History, Workload, client_tasks, final_reads
 from cluster.sim.disk import SimLog
 from cluster.sim.loop import SimLoop
 from cluster.sim.net import Faults, SimNet
@@ -34,7 +36,14 @@ DEFAULT_FAULTS = ("drop", "delay", "duplicate", "partition", "crash", "pause", "
 # replacements of dead members (one change at a time; spare machines to join)
 FAULTS = (*DEFAULT_FAULTS, "skew", "membership")
 SPARES = 3  # machines a run with the membership fault may add
-BREAKS = ("dedup", "hide")  # test-only switches that must make the checker fail
+BREAKS = ("dedup", "hide", "floors")  # test-only switches that must make the checker fail
+# the op mix's shares (``--mix``): adds take the rest
+MIX = {"read": 0.2, "delete": 0.0, "multiget": 0.0, "scan": 0.0}
+# with deletes or a ttl: a short grace, so that tombstones are collected within a run (the
+# config requires more than window + 2 * max_clock_skew, 12 s), and a sweep pass every second.
+# Without them the sweep has nothing to do, and the defaults keep the timers (so the histories)
+# of the seeds run before these existed.
+SWEEP = {"tombstone_grace": 15.0, "sweep_interval": 3.0}
 
 
 @dataclass
@@ -48,10 +57,23 @@ class Options:
     clients: int = 6
     keys: int = 4
     quiet: float = 15.0  # virtual seconds of calm after healing, before the final reads
+    mix: tuple[tuple[str, float], ...] = ()  # shares other than ``MIX``'s (``--mix``)
+    ttl: float | None = None  # seconds: a second table with this ttl (``--ttl``)
+
+    def shares(self) -> dict[str, float]:
+        return {**MIX, **dict(self.mix)}
+
+    def sweeps(self) -> bool:
+        """Tombstones or expiry to sweep: deletes or a ttl (``SWEEP``)."""
+        return bool(self.ttl or self.shares()["delete"])
 
     def command(self) -> str:
         cmd = (f"python -m cluster.sim --nodes {self.nodes} --rf {self.rf} --seed {self.seed} "
                f"--ops {self.ops} --faults {','.join(self.faults) or 'none'}")
+        if self.mix:
+            cmd += " --mix " + ",".join(f"{k}={v:g}" for k, v in self.mix)
+        if self.ttl:
+            cmd += f" --ttl {self.ttl:g}"
         return cmd + (f" --break {','.join(self.breaks)}" if self.breaks else "")
 
 
@@ -72,8 +94,12 @@ class Result:
 
     def line(self) -> str:
         r = self.report
+        more = ""
+        if r.deletes or r.multigets or r.scans or r.expired_reads:
+            more = (f" deletes={r.deletes_ok}/{r.deletes} multigets={r.multigets} "
+                    f"scans={r.scans} expired={r.expired_reads}")
         head = (f"seed {self.options.seed}: {'ok' if self.ok else 'VIOLATION'} ops={r.ops} "
-                f"acked={r.acknowledged} info={r.indeterminate} reads={r.reads} "
+                f"acked={r.acknowledged} info={r.indeterminate} reads={r.reads}{more} "
                 f"virtual={self.virtual_s:.1f}s real={self.real_s:.2f}s")
         if self.ok:
             return head
@@ -254,11 +280,13 @@ async def _main(opts: Options, world: World, history: History, nemesis: _Nemesis
             host.drift = skew.uniform(-0.001, 0.001)
         world.boot(host)
     await _until_ready(world, 30.0)
+    if opts.ttl:
+        await _set_ttl(world, TTL_TABLE, opts.ttl, 30.0)
     net = world.net
     net.faults = Faults(drop=0.02 if "drop" in opts.faults else 0.0,
                         duplicate=0.02 if "duplicate" in opts.faults else 0.0,
                         delay=0.05 if "delay" in opts.faults else 0.0)
-    work = Workload(clients=opts.clients, ops=opts.ops, keys=opts.keys)
+    work = _workload(opts)
     chaos = asyncio.ensure_future(nemesis.run())
     await asyncio.gather(*client_tasks(world, work, opts.seed, history))
     nemesis.stopping = True
@@ -269,6 +297,48 @@ async def _main(opts: Options, world: World, history: History, nemesis: _Nemesis
     await _quiet(world, opts.quiet, 120.0)
     await final_reads(world, work, history)
     await _shed(world, 60.0)
+
+
+def _workload(opts: Options) -> Workload:
+    share = opts.shares()
+    return Workload(clients=opts.clients, ops=opts.ops, keys=opts.keys,
+                    read_ratio=share["read"], delete_ratio=share["delete"],
+                    multiget_ratio=share["multiget"], scan_ratio=share["scan"], ttl=opts.ttl)
+
+
+async def _set_ttl(world: World, table: str, ttl: float, limit: float) -> None:
+    """``PUT /v1/tables/{table}`` as an operator would, before any write: asked of a member
+    (which hands it to the membership's claimant), then until every member has installed it."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    asked = False
+    while loop.time() < deadline:
+        nodes = world.live_nodes()
+        if all(n.state.tables.get(table) is not None for n in nodes) and nodes:
+            return
+        if not asked and nodes:
+            try:
+                await asyncio.wait_for(nodes[0].changes.change(
+                    {"change": "table", "name": table, "ttl_s": ttl}), 10.0)
+                asked = True
+            except Exception:  # noqa: BLE001 - nothing changed: ask again
+                pass
+        await asyncio.sleep(0.1)
+    world.errors.append(f"the ttl of table {table} did not reach every member in {limit} s")
+
+
+def margins(world: World, virtual: float) -> tuple[float, float]:
+    """For the checker's expiry rules: (margin, in_flight). margin: how far the clock of the
+    node judging a key expired and the clock that stamped its last change can be from each
+    other, and from virtual time: the nodes' max_clock_skew plus the largest offset any
+    machine's clock reached in the run. in_flight: how long after its invocation an add not
+    acknowledged can still be applied: its window (births are checked against it) plus that
+    margin."""
+    config = next(iter(world.hosts.values())).config
+    offset = max((abs(h.skew) + abs(h.drift) * virtual for h in world.hosts.values()),
+                 default=0.0)
+    margin = config.max_clock_skew + offset
+    return margin, config.window + margin
 
 
 def _foreign(node: Node) -> int:
@@ -289,22 +359,45 @@ async def _shed(world: World, limit: float) -> None:
         await asyncio.sleep(1.0)
 
 
+def _floor(origin: str) -> bool:
+    return origin.startswith(FLOOR) and origin != LAST
+
+
 @contextlib.contextmanager
 def _broken(breaks: tuple[str, ...]) -> Iterator[None]:
     """``hide``: unpublished deltas become visible at once (``ShardStore.hide`` a no-op, and
-    ``apply_hidden`` a plain ``apply_local``, also in its batch form's Python method)."""
+    ``apply_hidden`` a plain ``apply_local``, also in its batch form's Python method).
+    ``floors``: the floor pairs of deletes (origins ``~<origin>``) reach a replica only in the
+    delete's own REPLICATE frame: read repair, anti-entropy, a move's hand-off and the other
+    REPAIRs (``Replica.on_repair``) and hinted handoff (``Replica.shareable``) drop them. A
+    replica that missed the delete keeps the pairs it removed, and shows them again."""
     names = ("hide", "apply_hidden", "apply_hidden_items")
     saved = [ShardStore.__dict__[name] for name in names]
+    replica = [(name, Replica.__dict__[name]) for name in ("on_repair", "shareable")]
     if "hide" in breaks:
         ShardStore.hide = lambda self, table, key, origin, delta: None  # type: ignore[method-assign]
         ShardStore.apply_hidden = ShardStore.apply_local  # type: ignore[method-assign]
         ShardStore.apply_hidden_items = store_kernel.PYTHON[  # type: ignore[method-assign]
             "apply_hidden_items"]
+    if "floors" in breaks:
+        on_repair, shareable = Replica.on_repair, Replica.shareable
+
+        def repair(self: Replica, items: list[list[Any]], op_id: str = "") -> Any:
+            return on_repair(self, [[t, k, {o: pn for o, pn in e.items() if not _floor(o)}]
+                                    for t, k, e in items], op_id)
+
+        def share(self: Replica, items: list[Any]) -> list[Any]:
+            return shareable(self, [it for it in items if not _floor(it[3])])
+
+        Replica.on_repair = repair  # type: ignore[method-assign]
+        Replica.shareable = share  # type: ignore[method-assign]
     try:
         yield
     finally:
         for name, method in zip(names, saved, strict=True):
             setattr(ShardStore, name, method)
+        for name, method in replica:
+            setattr(Replica, name, method)
 
 
 def run_seed(opts: Options) -> Result:
@@ -312,6 +405,8 @@ def run_seed(opts: Options) -> Result:
     net = SimNet(random.Random(f"{opts.seed}:net"))
     disk_rng = random.Random(f"{opts.seed}:disk") if "torn" in opts.faults else None
     spares = SPARES if "membership" in opts.faults else 0
+    if opts.sweeps():
+        overrides.update(SWEEP)
     world = World(opts.nodes, opts.rf, net, disk_rng=disk_rng, spares=spares, **overrides)
     history = History()
     nemesis = _Nemesis(world, random.Random(f"{opts.seed}:nemesis"), opts.faults)
@@ -333,7 +428,10 @@ def run_seed(opts: Options) -> Result:
     finally:
         logging.disable(logging.NOTSET)
         asyncio.set_event_loop(None)
-    report = check(history.events, nodes=world.ids)
+    margin, in_flight = margins(world, virtual)
+    report = check(history.events, nodes=world.ids,
+                   ttl={TTL_TABLE: opts.ttl} if opts.ttl else None, margin=margin,
+                   in_flight=in_flight)
     return Result(opts, history.events, report, virtual, time.perf_counter() - started,
                   nemesis.trace, errors + world.errors, world)
 
