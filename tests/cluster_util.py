@@ -91,3 +91,38 @@ async def wait_until(cond: Callable[[], Awaitable[bool]], timeout: float = 10.0,
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+def inprocess_configs(tmp: Path, **extra: Any) -> list[Any]:
+    """Three nodes' configs for one event loop: free ports, no fsync, short quorum waits."""
+    from cluster.core.config import from_mapping
+    from cluster.local import free_ports
+
+    ports = free_ports(3)
+    peers = ",".join(f"n{i + 1}=127.0.0.1:{p}" for i, p in enumerate(ports))
+    return [from_mapping({"node_id": f"n{i + 1}", "listen": f"127.0.0.1:{p}", "peers": peers,
+                          "data_dir": str(tmp / f"n{i + 1}"), "fsync": False,
+                          "quorum_timeout": 0.5, **extra})
+            for i, p in enumerate(ports)]
+
+
+@contextlib.asynccontextmanager
+async def inprocess_nodes(cfgs: list[Any]) -> AsyncIterator[list[Any]]:
+    """``NodeServer``s of ``cfgs`` started in this loop, stopped on the way out."""
+    from cluster.server import NodeServer
+
+    servers = [NodeServer(c) for c in cfgs]
+    try:
+        for s in servers:
+            await s.start()
+        yield servers
+    finally:
+        for s in servers:
+            with contextlib.suppress(Exception):
+                await s.stop()
+
+
+def node_url(server: Any) -> str:
+    assert server.address is not None
+    return f"http://{server.address[0]}:{server.address[1]}"
+

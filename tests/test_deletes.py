@@ -5,22 +5,18 @@ ttl, collection of tombstones and a pair restarted above a replica's stale copy.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_util import Client, wait_until
+from cluster_util import Client, inprocess_configs, inprocess_nodes, node_url, wait_until
 from hypothesis import given
 from hypothesis import strategies as st
 
 from client.sdk import CounterClient
-from cluster.core.config import NodeConfig, from_mapping
 from cluster.core.entry import FLOOR, LAST, CounterEntry, is_live, value_of
 from cluster.core.membership import Membership
 from cluster.core.tables import TableError, TableSettings
-from cluster.local import free_ports
 from cluster.roles.scans import decode_cursor, encode_cursor
 from cluster.server import NodeServer
 
@@ -96,31 +92,7 @@ def test_a_cursor_round_trips_and_a_forged_one_is_refused() -> None:
 
 # -- three nodes ---------------------------------------------------------------------------
 
-def configs(tmp: Path, **extra: object) -> list[NodeConfig]:
-    ports = free_ports(3)
-    peers = ",".join(f"n{i + 1}=127.0.0.1:{p}" for i, p in enumerate(ports))
-    return [from_mapping({"node_id": f"n{i + 1}", "listen": f"127.0.0.1:{p}", "peers": peers,
-                          "data_dir": str(tmp / f"n{i + 1}"), "fsync": False,
-                          "quorum_timeout": 0.5, **extra})
-            for i, p in enumerate(ports)]
-
-
-@contextlib.asynccontextmanager
-async def nodes(cfgs: list[NodeConfig]) -> AsyncIterator[list[NodeServer]]:
-    servers = [NodeServer(c) for c in cfgs]
-    try:
-        for s in servers:
-            await s.start()
-        yield servers
-    finally:
-        for s in servers:
-            with contextlib.suppress(Exception):
-                await s.stop()
-
-
-def url(server: NodeServer) -> str:
-    assert server.address is not None
-    return f"http://{server.address[0]}:{server.address[1]}"
+configs, nodes, url = inprocess_configs, inprocess_nodes, node_url
 
 
 async def req(client: Client, method: str, u: str, **kw: Any) -> tuple[int, Any]:

@@ -3,47 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from cluster_util import Client
+from cluster_util import Client, inprocess_configs, inprocess_nodes, node_url
 
-from cluster.core.config import NodeConfig, from_mapping
 from cluster.core.ring import Ring
-from cluster.local import free_ports
-from cluster.server import NodeServer
 from cluster.wal import RecordKind, read_segments
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def configs(tmp: Path, **extra: object) -> list[NodeConfig]:
-    ports = free_ports(3)
-    peers = ",".join(f"n{i + 1}=127.0.0.1:{p}" for i, p in enumerate(ports))
-    return [from_mapping({"node_id": f"n{i + 1}", "listen": f"127.0.0.1:{p}", "peers": peers,
-                          "data_dir": str(tmp / f"n{i + 1}"), "fsync": False,
-                          "quorum_timeout": 0.5, **extra})
-            for i, p in enumerate(ports)]
-
-
-@contextlib.asynccontextmanager
-async def nodes(cfgs: list[NodeConfig]) -> AsyncIterator[list[NodeServer]]:
-    servers = [NodeServer(c) for c in cfgs]
-    try:
-        for s in servers:
-            await s.start()
-        yield servers
-    finally:
-        for s in servers:
-            with contextlib.suppress(Exception):
-                await s.stop()
-
-
-def url(server: NodeServer) -> str:
-    assert server.address is not None
-    return f"http://{server.address[0]}:{server.address[1]}"
+configs, nodes, url = inprocess_configs, inprocess_nodes, node_url
 
 
 async def test_write_read_and_restart_recovers_state_and_dedup(tmp_path: Path) -> None:
