@@ -120,6 +120,17 @@ def test_floors_dropped_by_repairs_are_caught() -> None:
     assert res.report.over_count > 0 and any(not f.converged for f in res.report.finals)
 
 
+def test_a_scan_page_judges_expiry_at_its_start() -> None:
+    """Seed 1913 (every fault and membership, the full mix, ttl 3 s): a scan page of table e,
+    asked at 2.63 s, waited a quorum timeout for a member that did not answer; the entries the
+    others had sent at 2.63 s were judged at 4.63 s, when e/k3's (last change at 1.0 s) looked
+    expired, though a write at 2.8 s had kept the key alive: the scan skipped a key that existed
+    throughout. A page (and a read) now judges expiry at its start."""
+    res = run_seed(Options(seed=1913, ops=200, faults=MEMBERSHIP, mix=NEW_OPS, ttl=3.0))
+    assert res.ok, res.line()
+    assert res.report.scans
+
+
 def test_visible_unpublished_deltas_are_caught() -> None:
     """``ShardStore.hide`` a no-op (``--break hide``): a delta applied by a leader that never
     reached its quorum is visible, then withdrawn or applied again elsewhere."""

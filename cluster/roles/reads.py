@@ -42,9 +42,12 @@ async def read_counter(node: Node, table: str, key: str, consistency: str) -> in
 async def read_values(node: Node, reads: Sequence[tuple[str, str]], consistency: str
                       ) -> list[int]:
     """The value of each (table, key), in order: 0 for a counter never written, deleted or
-    expired (``NodeState.read_value``)."""
+    expired (``NodeState.read_value``). Expiry is judged at the read's start: the replicas'
+    entries are at least that recent, while judged later (a replica slow to answer) a stale
+    entry would call a key expired that a write kept alive meanwhile."""
+    now = node.clock()
     entries = await read_entries(node, reads, consistency)
-    now, value = node.clock(), node.state.read_value
+    value = node.state.read_value
     return [value(table, entry, now) for (table, _key), entry in zip(reads, entries, strict=True)]
 
 

@@ -122,6 +122,10 @@ async def scan_page(node: Node, table: str, prefix: str, after: Position | None,
     the scan is done)."""
     item = {"table": table, "prefix": prefix, "after": list(after) if after else None,
             "limit": limit}
+    # expiry is judged at the page's start, as a read's is (``reads.read_values``): judged once
+    # the last member answered, up to a quorum timeout later, the entries of the first could
+    # show expired a key written meanwhile, and the page would skip a key that existed throughout
+    now = node.clock()
     answers, missing = await _ask_members(node, item)
     # a key's replica set lost at most ``missing`` members: still ``need`` of them answered
     if missing > node.ring.rf - _need(node, consistency) or not answers:
@@ -144,7 +148,7 @@ async def scan_page(node: Node, table: str, prefix: str, after: Position | None,
             entry = CounterEntry.from_wire(wire)
             got = merged.get(pos)
             merged[pos] = entry if got is None else got.merge(entry)
-    now, state = node.clock(), node.state
+    state = node.state
     page: list[tuple[str, int]] = []
     nxt = bound
     for pos in sorted(merged):
