@@ -497,26 +497,29 @@ class ShardStore:
         out: list[tuple[int, str, CounterEntry]] = []
         if not pages:
             return out, None
-        leaf, last = (0, "") if after is None else after
+        first, last = (0, "") if after is None else after
         looked = 0
         want = prefix.encode()
-        while leaf < LEAVES:
+        # a table with few leaves: only those it has, in order (walking all 65,536 of them
+        # cost 15-30 ms a call); a dense one: the walk, which stops at the page's end
+        leaves: Iterable[int] = (range(first, LEAVES) if len(pages) * 16 >= LEAVES
+                                 else sorted(leaf for leaf in pages if leaf >= first))
+        for leaf in leaves:
             page = pages.get(leaf)
-            if page is not None:
-                names = sorted(page.names())
-                start = 0
-                if after is not None and leaf == after[0]:
-                    start = bisect_right(names, last.encode())
-                for name in names[start:]:
-                    looked += 1
-                    if name.startswith(want):
-                        key = name.decode()
-                        out.append((leaf, key, self.entry(table, key)))
-                        if len(out) >= limit:
-                            return out, (leaf, key)
-                    if looked >= budget:
-                        return out, (leaf, name.decode())
-            leaf += 1
+            if page is None:
+                continue
+            names = sorted(page.names())
+            start = bisect_right(names, last.encode()) if after is not None and leaf == first \
+                else 0
+            for name in names[start:]:
+                looked += 1
+                if name.startswith(want):
+                    key = name.decode()
+                    out.append((leaf, key, self.entry(table, key)))
+                    if len(out) >= limit:
+                        return out, (leaf, key)
+                if looked >= budget:
+                    return out, (leaf, name.decode())
         return out, None
 
     def keys_of(self, table: str) -> Iterator[str]:
