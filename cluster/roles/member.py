@@ -46,6 +46,7 @@ __all__ = ["Node", "next_incarnation", "quorum_future"]
 
 APPLY, REPLICA = int(RecordKind.APPLY), int(RecordKind.REPLICA)
 PUBLISHED, WITHDRAW = int(RecordKind.PUBLISHED), int(RecordKind.WITHDRAW)
+DROP = int(RecordKind.DROP)
 _UNAVAILABLE = int(Status.UNAVAILABLE)
 
 log = logging.getLogger("cluster.node")
@@ -356,13 +357,17 @@ class Node:
             for rec in self.log.replay():
                 kind = rec.kind
                 if kind in (APPLY, REPLICA, WITHDRAW):
-                    replay(rec.op_id, rec.table, rec.key, rec.origin, rec.p, rec.n, rec.ts)
+                    # a compensation is no change of the key's (no LAST raised: it is not live)
+                    replay(rec.op_id if kind != WITHDRAW else "", rec.table, rec.key,
+                           rec.origin, rec.p, rec.n, rec.ts)
                     count += 1
                     if rec.ts > newest:
                         newest = rec.ts
                 if kind == APPLY:  # the item it logged (the other way round from record_fields)
                     pending[rec.op_id] = Item(rec.op_id, rec.table, rec.key, rec.origin, rec.p,
                                               rec.n, rec.delta, rec.ts)
+                elif kind == DROP:
+                    self.state.shards.drop(rec.table, (rec.key,))
                 elif kind in (PUBLISHED, WITHDRAW):
                     pending.pop(rec.op_id, None)
                     if kind == WITHDRAW:

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
+from cluster.core.entry import floor_of
 from cluster.core.ops import ITEM_OP_ID, ITEM_TS, Item, ItemFields
 from cluster.core.shards import CounterEntry
 from cluster.roles import checks
@@ -54,7 +55,7 @@ class Node(checks.Node, Protocol):
 
 log = logging.getLogger("cluster.settle")
 
-WITHDRAW = int(RecordKind.WITHDRAW)
+WITHDRAW, REPLICA = int(RecordKind.WITHDRAW), int(RecordKind.REPLICA)
 
 # -- in-doubt ops ---------------------------------------------------------------------------
 
@@ -119,7 +120,7 @@ async def _settle_key(node: Node, table: str, key: str, origin: str) -> None:
             return
         run = []
         if verdict == "withdraw":
-            await withdraw(node, item)
+            await withdraw(node, item, [entry for _r, _a, entry in answers])
         else:
             return  # undecided: the ops after it wait with it
     if run:
@@ -212,11 +213,18 @@ async def _publish(node: Node, table: str, key: str, origin: str, run: list[Item
     return ok
 
 
-async def withdraw(node: Node, item: Item) -> None:
+async def withdraw(node: Node, item: Item, seen: Iterable[CounterEntry] = ()) -> None:
     """Cancel this node's application of an op another leader applied. It was never visible
     (its delta hidden, no later pair of its key carrying it), so the cancellation is a
     compensating delta on the op's own origin and key: the op's pair and its compensation
     become visible together, value-neutral. Logged (WITHDRAW) and pushed to the replicas.
+
+    Visible here, that is: the replicas its first replication reached hold the op's pair, and
+    a delete that read one of them floored it (docs/deletes.md). The delete removed the op
+    then, and the compensation must not remove it a second time: when the op's origin has a
+    floor (here, or in ``seen``, the replicas' entries) that covers the op's pair but not the
+    compensation, the floor rises by the compensation too (``_floor_raised``), logged with the
+    WITHDRAW record and pushed with the compensation.
 
     The WITHDRAW record is durable before the compensation is made or leaves this node: a
     compensation pushed before a crash that lost its record came back from the replicas (max-
@@ -231,20 +239,49 @@ async def withdraw(node: Node, item: Item) -> None:
     else:
         p -= delta
     # the compensation: the op's own fields with the negated delta and the pair it leaves
-    rec = make_record(*record_fields(WITHDRAW, op_id, table, key, origin, p, n, -delta,
-                                     node.clock()))
-    await node.log.append_nowait([rec])
+    now = node.clock()
+    floor = _floor_raised(node, item, (p, n), seen)
+    recs = [make_record(*record_fields(WITHDRAW, op_id, table, key, origin, p, n, -delta, now))]
+    if floor is not None:
+        recs.append(make_record(*record_fields(REPLICA, op_id, table, key, floor_of(origin),
+                                               *floor, 0, now)))
+    await node.log.append_nowait(recs)
     if op_id not in node.pending:
         return
+    if floor is not None:
+        node.state.shards.merge_pair(table, key, floor_of(origin), *floor)
     node.state.shards.compensate(table, key, origin, delta)
     node.state.withdrawn[op_id] = node.clock()
     node.release([op_id])
     node.metrics.withdrawn += 1
     log.info("withdrew in-doubt op %s on %s/%s (applied by another leader)", op_id, table, key)
-    entry = [[table, key, {origin: list(node.state.shards.pair(table, key, origin))}]]
+    pairs = {origin: list(node.state.shards.pair(table, key, origin))}
+    if floor is not None:
+        pairs[floor_of(origin)] = list(floor)
+    entry = [[table, key, pairs]]
     for t in node.targets_of(table, key):
         node.links[t].call(Kind.REPAIR, entry).add_done_callback(consume)
     release_claims(node, table, key, op_id)  # taken by the settling HOLDS; the op stands elsewhere
+
+
+def _floor_raised(node: Node, item: Item, compensated: tuple[int, int],
+                  seen: Iterable[CounterEntry]) -> tuple[int, int] | None:
+    """The floor of the op's origin raised by its compensation, when a delete floored the op
+    (the highest floor known, here or in ``seen``, covers the op's pair) before it could see the
+    compensation (the floor does not cover ``compensated``, the pair the withdrawal leaves);
+    None otherwise. Then above the floor lies exactly what lay there before: the compensation
+    cancels, under the floor, an op the delete already removed."""
+    f = floor_of(item.origin)
+    fp, fn = node.state.shards.pair(item.table, item.key, f, visible=False)
+    for entry in seen:
+        sp, sn = entry.pairs.get(f, (0, 0))
+        fp, fn = max(fp, sp), max(fn, sn)
+    p, n = compensated
+    if fp < item.p or fn < item.n or (fp >= p and fn >= n):
+        return None
+    if item.delta >= 0:
+        return fp, min(n, fn + item.delta)
+    return min(p, fp - item.delta), fn
 
 
 async def settle_all(node: Node, min_age: float = 0.0) -> int:

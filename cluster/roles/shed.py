@@ -24,9 +24,11 @@ the key ever comes back here (ScyllaDB's lost increment: a node taking a range b
 stale copy of its own shard). A gaining member catches up from every live member before it
 leads (``membership.finish_move``), and after the hand-off every replica holds this node's pair.
 
-Dropping is not logged: a restart replays the log and may bring dropped keys back as they were
-(stale copies, which max-merge harmlessly and nobody reads); the first pass after the restart
-drops them again.
+Dropping is logged (a DROP record, not waited for): a restart that brought a dropped key back
+from the log would hand its stale copy off again, perhaps long after the key's replicas deleted
+it and then collected the tombstone (``cluster.roles.expiry``): the copy would come back to
+life there (the simulator's seed 1838). A crash that loses the record brings the key back a
+moment after its hand-off, and the first pass after the restart hands it off again.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ from cluster.core.entry import CounterEntry
 from cluster.core.membership import Membership
 from cluster.roles.host import Host
 from cluster.transport.wire import Kind
+from cluster.wal import DurableLog, RecordKind
+
+DROP = int(RecordKind.DROP)
 
 log = logging.getLogger("cluster.shed")
 
@@ -49,8 +54,11 @@ STEP = 1000  # keys looked at between two yields to the loop (~1 ms: a placement
 
 class Node(Host, Protocol):
     membership: Membership
+    log: DurableLog
     ready: bool
     installed_at: float  # when the membership was installed (monotonic)
+
+    def clock(self) -> float: ...
 
     def is_live(self, node: str) -> bool: ...
 
@@ -134,4 +142,12 @@ async def _hand_off(node: Node, ms: Membership, table: str,
         return 0
     taken = [k for k, e in sent.items()
              if not failed.intersection(keys[k]) and shards.entry(table, k) == e]
-    return shards.drop(table, taken)
+    return drop_logged(node, table, taken)
+
+
+def drop_logged(node: Node, table: str, keys: list[str]) -> int:
+    """Drop ``keys`` (none with an op in doubt here) and log it; how many were dropped."""
+    if keys:
+        node.log.append_columns_lazily(DROP, [""] * len(keys), table, keys, 0, "", 0, 0,
+                                       node.clock())
+    return node.state.shards.drop(table, keys)

@@ -49,6 +49,7 @@ class RecordKind(IntEnum):
     REPLICA = 2  # entry merged from a peer
     PUBLISHED = 3  # op known to be replicated to a quorum
     WITHDRAW = 4
+    DROP = 5  # the key left this node's store (handed off, or a tombstone collected)
 
 
 class LogRecord(NamedTuple):

@@ -1,0 +1,93 @@
+"""Deletes meeting the rest of the guarantee's machinery on one node: an in-doubt op withdrawn
+after a delete floored it, and a key handed off (dropped) staying dropped across a restart.
+
+Each is a story the simulator told (``python -m cluster.sim`` seeds 1786 and 1838 with every
+fault, ``--mix delete=0.1,multiget=0.05,scan=0.05 --ttl 3``), forced here on a real node."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cluster_util import inprocess_configs, inprocess_nodes
+
+from cluster.core.entry import floor_of
+from cluster.core.ops import Item
+from cluster.roles import settle, shed
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _in_doubt(node: object, key: str, op_id: str, delta: int) -> Item:
+    """Apply ``delta`` at ``node`` as its leader whose quorum failed: hidden, unpublished."""
+    state = node.state  # type: ignore[attr-defined]
+    item = [op_id, "t", key, node.origin, 0, 0, delta, node.clock()]  # type: ignore[attr-defined]
+    state.shards.apply_hidden_items([item])
+    state.hold_many([item], hidden=True)
+    return Item.of(item)
+
+
+@pytest.mark.parametrize("floored", [True, False], ids=["delete-saw-it", "delete-did-not"])
+async def test_withdrawing_an_op_a_delete_removed_does_not_remove_it_twice(
+        tmp_path: Path, floored: bool) -> None:
+    """The leader's first replication of an op reached a replica, its quorum did not; a delete
+    read that replica and floored the op with the rest; another leader had applied the op, so
+    this one withdraws its copy. The delete removed the op already: the withdrawal must leave
+    the key at 0, not at minus the op. A floor below the op (the delete did not see it) is left
+    alone: the compensation cancels the op above it. Both survive a restart."""
+    cfgs = inprocess_configs(tmp_path)
+    async with inprocess_nodes(cfgs) as servers:
+        node = servers[0].node
+        shards, origin = node.state.shards, node.origin
+        node.state.shards.apply_local("t", "k", 2)  # an op that stands
+        item = _in_doubt(node, "k", "c1:9", 5)
+        assert (item.p, item.n) == (7, 0)
+        seen = (7, 0) if floored else (2, 0)  # what the delete read on the replica
+        shards.merge_pair("t", "k", floor_of(origin), *seen)
+        await node.log.append_columns_nowait(  # what the write path and the delete logged
+            2, ["c1:1", "c1:8"], "t", "k", 0, [origin, floor_of(origin)], [2, seen[0]], 0,
+            node.clock())
+        assert shards.value("t", "k") == 0
+        await settle.withdraw(node, item)
+        assert "c1:9" not in node.pending
+        assert shards.pair("t", "k", origin) == (7, 5)
+        assert shards.pair("t", "k", floor_of(origin)) == ((7, 5) if floored else (2, 0))
+        assert shards.value("t", "k") == 0
+    async with inprocess_nodes(cfgs) as servers:  # replayed: the WITHDRAW and the floor
+        shards = servers[0].node.state.shards
+        assert shards.pair("t", "k", origin) == (7, 5)
+        assert shards.value("t", "k") == 0
+
+
+async def test_a_floor_only_a_replica_holds_is_raised_too(tmp_path: Path) -> None:
+    """The delete's floor may not have reached the withdrawing leader yet: the replicas'
+    entries its settling read (``seen``) count as much as its own."""
+    from cluster.core.entry import CounterEntry
+
+    async with inprocess_nodes(inprocess_configs(tmp_path)) as servers:
+        node = servers[0].node
+        item = _in_doubt(node, "k", "c1:9", 3)
+        replica = CounterEntry({node.origin: (3, 0), floor_of(node.origin): (3, 0)})
+        await settle.withdraw(node, item, [replica])
+        shards = node.state.shards
+        assert shards.pair("t", "k", floor_of(node.origin)) == (3, 3)
+        assert shards.value("t", "k") == 0
+
+
+async def test_a_key_handed_off_stays_dropped_across_a_restart(tmp_path: Path) -> None:
+    """A node that no longer replicates a key hands it off and drops it; a restart must not
+    bring the stale copy back from the log, or the next pass would hand it off again, maybe
+    after the key's replicas deleted it and collected its tombstone: a resurrection."""
+    cfgs = inprocess_configs(tmp_path)
+    async with inprocess_nodes(cfgs) as servers:
+        node = servers[0].node
+        for key in ("gone", "kept"):
+            node.state.shards.apply_local("t", key, 4)
+        await node.log.append_columns_nowait(  # the pairs durable, as the write path has them
+            2, ["a", "b"], "t", ["gone", "kept"], 4, node.origin, 4, 0, node.clock())
+        assert shed.drop_logged(node, "t", ["gone"]) == 1
+        assert not node.state.shards.holds("t", "gone")
+    async with inprocess_nodes(cfgs) as servers:
+        shards = servers[0].node.state.shards
+        assert shards.holds("t", "kept") and shards.value("t", "kept") == 4
+        assert not shards.holds("t", "gone")
