@@ -61,7 +61,8 @@ def test_the_parts_join_into_the_snapshot_a_plain_pack_would_make(tmp_path: Path
     state = _state(tmp_path)
     _fill(state, 500)
     data = msgpack.unpackb(state.make_blob(), strict_map_key=True)
-    assert set(data) == {"version", "node", "dedup", "in_doubt", "withdrawn", "shards"}
+    assert set(data) == {"version", "node", "dedup", "in_doubt", "withdrawn", "foreign_since",
+                         "shards"}
     shards = ShardStore.from_bytes(data["shards"], "n1")
     assert shards == state.shards and shards.keys == 1000
     assert msgpack.unpackb(data["shards"]).keys() == {"chunks"}

@@ -110,6 +110,7 @@ class NodeMetrics:
     ring_version: int = 0
     shed_keys: int = 0  # keys dropped as no longer replicated here (``cluster.roles.shed``)
     foreign_keys: int = 0  # keys held but not replicated here, as the last pass left them
+    shed_abandoned: int = 0  # keys dropped without a hand-off, left behind past the grace
     shed_version: int = 0  # the membership whose shedding pass left none (0: none yet)
     deletes: int = 0
     expired_keys: int = 0  # counters deleted by time (a ttl) by this node as their leader
@@ -220,6 +221,8 @@ def render(node: Any, auth: Any = None, edge: Any = None) -> str:
         ("ring_conflicts", "memberships seen with our version but other content (refused)"),
         ("shed_keys", "keys this node dropped after a move, as it no longer replicates them "
          "(each handed off to every replica first)"),
+        ("shed_abandoned", "keys no longer replicated here dropped without a hand-off: no "
+         "replica took them within tombstone_grace of the move (cluster.roles.shed)"),
         ("deletes", "deletes applied by this node as leader"),
         ("expired_keys", "counters this node deleted by time (their table's ttl) as leader"),
         ("collected_keys", "deleted or expired counters this node dropped from memory and "

@@ -366,8 +366,10 @@ class Node:
                 if kind == APPLY:  # the item it logged (the other way round from record_fields)
                     pending[rec.op_id] = Item(rec.op_id, rec.table, rec.key, rec.origin, rec.p,
                                               rec.n, rec.delta, rec.ts)
-                elif kind == DROP:
+                elif kind == DROP and rec.table:
                     self.state.shards.drop(rec.table, (rec.key,))
+                elif kind == DROP:  # no key: since when keys wait for their hand-off
+                    self.state.foreign_since = rec.ts or None
                 elif kind in (PUBLISHED, WITHDRAW):
                     pending.pop(rec.op_id, None)
                     if kind == WITHDRAW:

@@ -17,6 +17,15 @@ answer) and drops the key (``ShardStore.drop``) only when
 
 A key that could not be handed off (a replica down) is kept and tried again at the next pass,
 a failure timeout later; a pass that left nothing behind is not run again for that version.
+Not for ever: a copy no longer replicated here misses every delete made since, and once such a
+delete's tombstone is past ``tombstone_grace`` its replicas collect it (``cluster.roles.expiry``);
+a hand-off after that would bring the deleted counts back to life there (the simulator's seed
+2194). So keys left behind for ``hand_off_limit`` (the grace less twice the clock skew allowed)
+since the finished move that first left them (a later move under way does not stop the clock:
+the copies miss its deletes just the same) are dropped without a hand-off
+(``idc_shed_abandoned``): the rule of a replica away for longer than the grace, which must come
+back by ``--replace`` (docs/deletes.md). The time keys are left behind since is logged (a DROP
+record of no key) and snapshotted, so a restart does not start it again.
 
 Why every replica and not W: this node's copy may be the only one with its last pairs on a
 replica that missed them, and the key's own pair of this node's origin must be found again if
@@ -43,7 +52,7 @@ from cluster.core.entry import CounterEntry
 from cluster.core.membership import Membership
 from cluster.roles.host import Host
 from cluster.transport.wire import Kind
-from cluster.wal import DurableLog, RecordKind
+from cluster.wal import DurableLog, RecordKind, make_record
 
 DROP = int(RecordKind.DROP)
 
@@ -72,25 +81,45 @@ async def shed_loop(node: Node, tick: float | None = None) -> None:
     new list, one at a time, with no agreement between old and new lists, so a key one node
     no longer replicates may still count on it for a node with the old list."""
     tick = tick if tick is not None else node.config.failure_timeout
+    state = node.state
     while True:
         await asyncio.sleep(tick)
         ms = node.membership
-        if (ms.version <= 1 or ms.moving or not node.ready
-                or ms.version == node.metrics.shed_version
-                or node.monotonic() - node.installed_at < 2 * node.config.failure_timeout):
+        if ms.version <= 1 or not node.ready or ms.version == node.metrics.shed_version:
             continue
+        if not ms.moving and state.foreign_since is None:  # keys left it at the install
+            _left_behind(node, node.clock() - (node.monotonic() - node.installed_at))
+        if ms.moving or node.monotonic() - node.installed_at < 2 * node.config.failure_timeout:
+            continue
+        since = state.foreign_since
+        stale = since is not None and node.clock() - since > hand_off_limit(node)
         try:
-            kept = await shed(node, ms)
+            kept = await shed(node, ms, stale=stale)
         except Exception as exc:  # noqa: BLE001 - the next pass tries again
             log.info("shedding keys not replicated here: %r", exc)
             continue
         if kept == 0 and node.membership is ms:
             node.metrics.shed_version = ms.version
+            _left_behind(node, None)
 
 
-async def shed(node: Node, ms: Membership) -> int:
+def _left_behind(node: Node, since: float | None) -> None:
+    """Note (and log: a DROP record of no key) since when keys wait for their hand-off."""
+    node.state.foreign_since = since
+    node.log.append_lazily([make_record(DROP, "", "", "", 0, "", 0, 0, since or 0.0)])
+
+
+def hand_off_limit(node: Node) -> float:
+    """How long a key this node no longer replicates may wait for its hand-off: less than the
+    tombstone grace by the clock skew allowed both ways, and never under half of it."""
+    grace = node.config.tombstone_grace
+    return max(grace / 2, grace - 2 * node.config.max_clock_skew)
+
+
+async def shed(node: Node, ms: Membership, *, stale: bool = False) -> int:
     """One pass over the store under ``ms``: hand off and drop every key this node does not
-    replicate; how many such keys it kept."""
+    replicate; how many such keys it kept. ``stale``: keys have waited past
+    ``hand_off_limit``; drop them without a hand-off."""
     kept = 0
     if node.ring.replicates_everywhere:
         node.metrics.foreign_keys = 0
@@ -103,7 +132,12 @@ async def shed(node: Node, ms: Membership) -> int:
             if node.membership is not ms:
                 return kept + 1  # a newer membership: its own pass decides
             foreign = {k: owners for k in step if me not in (owners := prefs(table, k))}
-            if foreign:
+            if foreign and stale:
+                dropped = drop_logged(node, table, [k for k in foreign
+                                                    if not shards.has_hidden(table, k)])
+                node.metrics.shed_abandoned += dropped
+                kept += len(foreign) - dropped
+            elif foreign:
                 dropped = await _hand_off(node, ms, table, foreign)
                 node.metrics.shed_keys += dropped
                 kept += len(foreign) - dropped

@@ -76,6 +76,9 @@ class NodeState:
         # (``cluster.roles.expiry``): a pair it raises again on a key it no longer holds
         # starts above it (``cluster.roles.leader``)
         self.collected: dict[str, int] = {}
+        # wall time since which keys this node no longer replicates wait for their hand-off
+        # (``cluster.roles.shed``); logged (a DROP record of no key) and snapshotted
+        self.foreign_since: float | None = None
 
     def use_tables(self, tables: Iterable[TableSettings]) -> None:
         self.tables = settings_map(tables)
@@ -273,6 +276,7 @@ class NodeState:
         self.dedups = {table: load(raw, clock=self.clock) for table, raw in data["dedup"].items()}
         self.set_pending(list(data.get("in_doubt", [])))
         self.withdrawn = dict(data.get("withdrawn", {}))
+        self.foreign_since = data.get("foreign_since")
 
     def dedup_bytes(self) -> int:
         return sum(int(d.nbytes()) for d in self.dedups.values())
@@ -301,6 +305,7 @@ class SnapshotCut:
             "in_doubt": [tuple(item) for item in state.pending.values()],
             "withdrawn": {k: t for k, t in state.withdrawn.items()
                           if t > now - 2 * state.config.window},
+            "foreign_since": state.foreign_since,
         }
         # one consistent copy of each dedup, as the parts of its ``to_bytes`` (a 16 MB filter's
         # words copied once, not packed and re-packed on the loop)
