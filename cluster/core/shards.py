@@ -24,6 +24,12 @@ anti-entropy's bucket sums), so a digest never needs a pass over the whole store
 to its digests (a snapshot loaded, a regrouping) marks every key (a bit of its page) and
 ``flush_digests`` hashes them whole, in steps. The pages are also the digests' index of keys by
 leaf.
+
+**When keys come due.** ``due`` (``cluster.core.due``) indexes keys by when they become due for
+expiry or collection, from their last change (``LAST``): ``merge_pair`` tells it whenever a
+key's last change rises, ``noted_last`` when one rose where no Python runs (the compiled
+``merge_items``). A new store, or one after a bulk load, is indexed whole by the sweep's walk
+(``lasts``), so its index starts empty and ``loading`` suspends it.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from cluster.core.digests import (
     key_hash,
     pair_hash,
 )
+from cluster.core.due import DueIndex
 from cluster.core.entry import FLOOR, CounterEntry, Pair, value_of
 from cluster.core.ops import ItemFields
 from cluster.core.pages import MAX_ORIGINS, Page
@@ -58,7 +65,7 @@ class ShardStore:
     numbered per store (``_origins``), at most ``MAX_ORIGINS``."""
 
     __slots__ = ("own", "_own", "_origins", "_index", "_tables", "keys", "_hidden", "digests",
-                 "_dirty", "_pending", "_tracking")
+                 "_dirty", "_pending", "_tracking", "due")
 
     def __init__(self, own: str) -> None:
         self.own = own
@@ -73,6 +80,7 @@ class ShardStore:
         self._dirty: dict[tuple[str, int], Page] = {}
         self._pending = 0  # keys marked in them
         self._tracking = True  # False while ``loading``: no hash moves, one whole pass after
+        self.due = DueIndex()  # keys by when they come due (module docstring)
         self._own = self._origin(own)
 
     def _origin(self, name: str) -> int:
@@ -211,7 +219,15 @@ class ShardStore:
         p, n = max(p, p0), max(n, n0)
         pn[2 * j], pn[2 * j + 1] = p, n
         self._moved(table, key, page, r, leaf, origin, p0, n0, p, n)
+        if origin == FLOOR and p > p0 and self._tracking:  # LAST: the key's last change rose
+            self.due.raised(table, key, p0, p)
         return True
+
+    def noted_last(self, table: str, key: str, last_ms: int) -> None:
+        """The key's last change was merged up to ``last_ms`` where ``merge_pair`` did not see
+        it rise (the compiled ``merge_items``): tell ``due``, the former one unknown."""
+        if self._tracking:
+            self.due.raised(table, key, -1, last_ms)
 
     def merge_items(self, items: Sequence[ItemFields]) -> None:
         """``merge_pair`` for a replication batch of items (``cluster.core.ops.Item``'s fields,
@@ -460,6 +476,7 @@ class ShardStore:
             yield
         finally:
             self._tracking = True
+            self.due.clear()  # indexed whole by the sweep's walk, as a new store is
             d = self.digests
             self.digests = Digests(self, d.group_of, d.owner)
             self._index_all()
@@ -520,6 +537,48 @@ class ShardStore:
                         return out, (leaf, key)
                 if looked >= budget:
                     return out, (leaf, name.decode())
+        return out, None
+
+    def last_of(self, table: str, key: str) -> int | None:
+        """The key's last change (``LAST``'s P, ms; 0: none), None when the store does not
+        hold the key."""
+        found = self._find(table, key)
+        if found is None:
+            return None
+        o = self._index.get(FLOOR)
+        if o is None:
+            return 0
+        page, r, _leaf = found
+        j = page.slot(r, o)
+        return page.pn[2 * j] if j >= 0 else 0
+
+    def lasts(self, table: str, leaf: int, budget: int
+              ) -> tuple[list[tuple[str, int]], int | None]:
+        """Every key of ``table`` in the pages from digest leaf ``leaf`` on, with its last
+        change (``last_of``), whole pages until at least ``budget`` keys; and the leaf to go on
+        from (None: the table's end). The walk that indexes a store in ``due``: no entry is
+        built, a key costs a lookup in its page's arrays."""
+        pages = self._tables.get(table)
+        out: list[tuple[str, int]] = []
+        if not pages:
+            return out, None
+        o = self._index.get(FLOOR)
+        leaves: Iterable[int] = (range(leaf, LEAVES) if len(pages) * 16 >= LEAVES
+                                 else sorted(lf for lf in pages if lf >= leaf))
+        for lf in leaves:
+            page = pages.get(lf)
+            if page is None:
+                continue
+            names = page.names()
+            if o is None:
+                out.extend((name.decode(), 0) for name in names)
+            else:
+                slot, pn = page.slot, page.pn
+                for r, name in enumerate(names):
+                    j = slot(r, o)
+                    out.append((name.decode(), pn[2 * j] if j >= 0 else 0))
+            if len(out) >= budget:
+                return out, lf + 1 if lf + 1 < LEAVES else None
         return out, None
 
     def keys_of(self, table: str) -> Iterator[str]:

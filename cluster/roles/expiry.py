@@ -1,6 +1,8 @@
-"""Expiry by time and the collection of tombstones, in passes over the store (docs/deletes.md).
+"""Expiry by time and the collection of tombstones, in passes over the keys that are due
+(docs/deletes.md).
 
-Every ``sweep_interval`` each node walks its keys, a step at a time:
+Every ``sweep_interval`` each node looks at the keys its due index (``cluster.core.due``, kept
+by the store) says have come due, a step at a time (``Sweeper``):
 
 - a live key of a table with a ttl that this node leads and whose last change is older than the
   ttl is deleted by time (``cluster.roles.deletes``, an op id derived from the key and its last
@@ -28,6 +30,7 @@ import asyncio
 import logging
 from typing import Protocol
 
+from cluster.core.due import DueIndex
 from cluster.core.entry import floor_of
 from cluster.core.ops import Op
 from cluster.roles import deletes
@@ -35,7 +38,11 @@ from cluster.roles import deletes
 log = logging.getLogger("cluster.expiry")
 
 STEP = 2000  # keys looked at between two yields to the event loop
-MAX_KEYS = 50_000  # keys one pass looks at
+MAX_KEYS = 50_000  # due keys one pass looks at (more: the next pass begins at once)
+WALK_KEYS = 50_000  # keys one pass indexes by a walk (a new or reloaded store, a ttl changed)
+NET_KEYS = 10_000  # keys one pass's safety net looks at once the index is built
+RETRY_S = 10.0  # a due key left as it was (led by another node, an op in doubt on it, a
+#                 delete by time that did not go through) is looked at again this much later
 
 
 class Node(deletes.Node, Protocol):
@@ -48,69 +55,193 @@ async def expiry_loop(node: Node, interval: float | None = None) -> None:
     interval = interval if interval is not None else node.config.sweep_interval
     sweeper = Sweeper()
     while True:
-        await asyncio.sleep(interval)
+        await asyncio.sleep(0 if sweeper.more else interval)
         if not node.ready:
             continue
         try:
             await sweeper.sweep(node)
         except Exception as exc:  # noqa: BLE001 - the next pass tries again
+            sweeper.more = False
             log.info("expiry and collection pass: %r", exc)
 
 
 class Sweeper:
-    """Where the passes stand: each pass looks at up to ``max_keys`` keys, going on from
-    where the last one stopped, table by table in scan order, so a pass costs a bounded step
-    however many counters a node holds (a whole round over 1M keys: 20 passes by default)."""
+    """The passes. The store's due index (``ShardStore.due``, ``cluster.core.due``) holds every
+    key by the time its last change makes it due (``min(ttl, grace)`` after it in a table with
+    a ttl, ``grace`` in one without); a pass takes the keys whose time has come, up to
+    ``max_keys`` of them, and for each decides from its state now:
 
-    def __init__(self, max_keys: int = MAX_KEYS) -> None:
-        self.max_keys = max_keys
-        self.at: dict[str, tuple[int, str] | None] = {}  # table -> position reached
+    - its last change rose since it was indexed: put back at its new time;
+    - live and expired by its table's ttl: deleted by time if this node leads it, else looked at
+      again ``retry_s`` later (its leader's delete normally arrives first and moves it);
+    - live, not expired yet: put back at last change + ttl; live in a table without a ttl:
+      nothing (a delete raises its last change, which indexes it again);
+    - a tombstone past its grace: collected, unless an op of this node is in doubt on it
+      (looked at again later); one not yet past it: put back at last change + grace.
+
+    So a pass costs the keys that are due, not the keys held. A store that is new (a start, a
+    snapshot or a log loaded) or whose table settings changed is indexed first by a walk over
+    its keys (``walk_keys`` a pass, reading each key's last change off its page); once built,
+    the walk goes on as a slow safety net (``net_keys`` a pass) that indexes again any key whose
+    time has passed, in case some change reached the store without its index hearing of it."""
+
+    def __init__(self, max_keys: int = MAX_KEYS, walk_keys: int = WALK_KEYS,
+                 net_keys: int = NET_KEYS, retry_s: float = RETRY_S) -> None:
+        self.max_keys, self.walk_keys, self.net_keys = max_keys, walk_keys, net_keys
+        self.retry_ms = max(1, int(retry_s * 1000))
+        self.more = False  # the last pass stopped at ``max_keys`` with keys still due
+        self.net: list[str] = []  # tables the safety net has yet to walk in this round
+        self.net_at = 0  # the digest leaf it goes on from in ``net[0]``
+        self.visited = 0  # due keys looked at, in all
+        self.walked = 0  # keys the walks looked at, in all
 
     def wanted(self, node: Node) -> bool:
         """Anything to expire or collect at all: a table with a ttl, or some floor held."""
         return bool(node.state.ttl_tables) or node.state.shards.has_floors()
 
+    def index(self, node: Node) -> DueIndex:
+        """The store's due index, with the delays of the tables as they are agreed now."""
+        state = node.state
+        due = state.shards.due
+        grace_ms = int(node.config.tombstone_grace * 1000)
+        settings = {name: (min(int(t.ttl_s * 1000), grace_ms), t.since_ms)
+                    for name, t in state.tables.items() if t.ttl_s is not None}
+        if due.default != grace_ms or settings != due.settings:
+            due.configure(settings, grace_ms)
+        if due.build_all:
+            due.build_all = False
+            for table in state.shards.tables():
+                due.building.setdefault(table, 0)
+        return due
+
     async def sweep(self, node: Node) -> tuple[int, int]:
         """One pass: (keys deleted by time as their leader, keys collected)."""
+        self.more = False
         if not self.wanted(node):
             return 0, 0
-        shards, state = node.state.shards, node.state
-        grace_ms = int(node.config.tombstone_grace * 1000)
+        due = self.index(node)
+        await self.walk(node, due)
         expired = collected = looked = 0
-        tables = sorted(shards.tables())
-        for table in [t for t in tables if t in self.at] + [t for t in tables
-                                                            if t not in self.at]:
-            while looked < self.max_keys:
-                found, upto = shards.scan(table, self.at.get(table), "", STEP, STEP)
-                self.at[table] = upto
-                looked += max(1, len(found))
-                now_ms = int(node.clock() * 1000)
-                settings = state.tables.get(table)
-                ttl = settings if settings is not None and settings.ttl_s is not None else None
-                expiring: list[Op] = []
-                dead: list[str] = []
-                for _leaf, key, entry in found:
-                    last = entry.last_change_ms()
-                    if entry.live():
-                        if (ttl is not None and ttl.expired(last, now_ms)
-                                and node.ring.leader(table, key, node.is_live) == node.id):
-                            expiring.append(Op(table, key, f"~expire:{key}:{last}", 0, 1))
-                    elif (entry.collectable(now_ms, grace_ms)
-                          and not shards.has_hidden(table, key)):
-                        dead.append(key)
-                if dead:
-                    collected += collect(node, table, dead)
-                if expiring:
-                    statuses = await deletes.lead_deletes(node, expiring, only_expired=True)
-                    done = sum(1 for s in statuses if s == deletes.APPLIED)
-                    node.metrics.expired_keys += done
-                    expired += done
-                await asyncio.sleep(0)
-                if upto is None:  # the table's round is done; the next pass starts it again
-                    del self.at[table]
-                    break
-            if looked >= self.max_keys:
+        while looked < self.max_keys:
+            batch = due.take(int(node.clock() * 1000), min(STEP, self.max_keys - looked))
+            if not batch:
                 break
+            for table, keys in batch:
+                looked += len(keys)
+                e, c = await self.visit(node, due, table, keys)
+                expired += e
+                collected += c
+            await asyncio.sleep(0)
+        else:
+            self.more = due.ready(int(node.clock() * 1000))
+        self.visited += looked
+        return expired, collected
+
+    async def walk(self, node: Node, due: DueIndex) -> None:
+        """Index the keys of the tables being built, then (once none is) go on with the
+        safety net: a bounded part of the store each pass."""
+        shards = node.state.shards
+        budget = self.walk_keys
+        while due.building and budget > 0:
+            table = next(iter(due.building))
+            found, nxt = shards.lasts(table, due.building[table], min(STEP, budget))
+            if nxt is None:
+                del due.building[table]
+            else:
+                due.building[table] = nxt
+            budget -= max(1, len(found))
+            self.walked += len(found)
+            self._index(node, due, table, found, every=True)
+            await asyncio.sleep(0)
+        if due.building:
+            return
+        budget = self.net_keys
+        if not self.net:
+            self.net, self.net_at = sorted(shards.tables()), 0
+        while self.net and budget > 0:
+            table = self.net[0]
+            found, nxt = shards.lasts(table, self.net_at, min(STEP, budget))
+            if nxt is None:
+                self.net.pop(0)
+                self.net_at = 0
+            else:
+                self.net_at = nxt
+            budget -= max(1, len(found))
+            self.walked += len(found)
+            self._index(node, due, table, found, every=False)
+            await asyncio.sleep(0)
+
+    def _index(self, node: Node, due: DueIndex, table: str, found: list[tuple[str, int]],
+               *, every: bool) -> None:
+        """Index the keys ``found`` (key, last change) at their times; ``every``: all of them
+        (building), else only those whose time has passed (the safety net: per the index's
+        invariant, those whose time is still ahead are waiting in it already)."""
+        settings = node.state.tables.get(table)
+        since = settings.since_ms if settings is not None and settings.ttl_s is not None else 0
+        d, res = due.delay(table), due.res
+        upto = max(due.cursor, int(node.clock() * 1000) // res - 1)  # buckets that have ended
+        add = due.add
+        for key, last in found:
+            at = (last or since) + d
+            if at > d and (every or at // res <= upto):
+                add(table, key, at)
+
+    async def visit(self, node: Node, due: DueIndex, table: str, keys: list[str]
+                    ) -> tuple[int, int]:
+        """Look at due keys of ``table`` (the class docstring); (expired, collected)."""
+        state = node.state
+        shards = state.shards
+        now_ms = int(node.clock() * 1000)
+        grace_ms = int(node.config.tombstone_grace * 1000)
+        settings = state.tables.get(table)
+        ttl = settings if settings is not None and settings.ttl_s is not None else None
+        ttl_ms = int(ttl.ttl_s * 1000) if ttl is not None and ttl.ttl_s is not None else 0
+        since = ttl.since_ms if ttl is not None else 0
+        d, res = due.delay(table), due.res
+        retry = (now_ms // self.retry_ms + 1) * self.retry_ms  # one bucket for a step's keys
+        expiring: list[Op] = []
+        dead: list[str] = []
+        for key in keys:
+            last = shards.last_of(table, key)
+            if last is None:
+                continue  # not held (collected, handed off)
+            changed = last or since
+            if not changed:
+                continue  # a key with no last change in a table without a ttl: never due
+            if (changed + d) // res > due.cursor:
+                due.add(table, key, changed + d)  # written or deleted again since indexed
+                continue
+            entry = shards.entry(table, key)
+            if entry.live():
+                if ttl is None:
+                    continue  # written again after a delete: due again at its next delete
+                if ttl.expired(last, now_ms):
+                    if node.ring.leader(table, key, node.is_live) == node.id:
+                        expiring.append(Op(table, key, f"~expire:{key}:{last}", 0, 1))
+                    else:
+                        due.add(table, key, retry)
+                else:
+                    due.add(table, key, changed + ttl_ms)
+            elif entry.collectable(now_ms, grace_ms):
+                if shards.has_hidden(table, key):
+                    due.add(table, key, retry)
+                else:
+                    dead.append(key)
+            elif last:
+                due.add(table, key, last + grace_ms)
+        collected = collect(node, table, dead) if dead else 0
+        expired = 0
+        if expiring:
+            statuses = await deletes.lead_deletes(node, expiring, only_expired=True)
+            # an applied delete raised the key's last change, which indexed it again; the
+            # others (expired on no quorum, unavailable) are looked at again later
+            later = ((int(node.clock() * 1000) // self.retry_ms) + 1) * self.retry_ms
+            for op, status in zip(expiring, statuses, strict=True):
+                if status == deletes.APPLIED:
+                    expired += 1
+                else:
+                    due.add(table, op.key, later)
+            node.metrics.expired_keys += expired
         return expired, collected
 
 

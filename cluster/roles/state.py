@@ -19,6 +19,7 @@ from cluster.core.ops import (
     ITEM_KEY,
     ITEM_OP_ID,
     ITEM_ORIGIN,
+    ITEM_P,
     ITEM_TABLE,
     ITEM_TS,
     Item,
@@ -87,13 +88,18 @@ class NodeState:
     def touch(self, items: Iterable[ItemFields]) -> None:
         """Items applied or merged here: in a table with a ttl, the key's last change
         (``LAST``) rises to the item's time. Every replica derives it from the same items, and
-        it is a pair, so repairs carry it too."""
+        it is a pair, so repairs carry it too.
+
+        A delete's own ``LAST`` item (merged by the compiled ``merge_items``, out of
+        ``merge_pair``'s sight) is told to the store's due index (``ShardStore.noted_last``):
+        the tombstone comes due ``tombstone_grace`` after it."""
         ttl = self.ttl_tables
-        if not ttl:
-            return
-        merge = self.shards.merge_pair
+        shards = self.shards
+        merge, noted = shards.merge_pair, shards.noted_last
         for item in items:
             table = item[ITEM_TABLE]
+            if item[ITEM_ORIGIN] == LAST:
+                noted(table, item[ITEM_KEY], item[ITEM_P])
             if table in ttl:
                 merge(table, item[ITEM_KEY], LAST, int(item[ITEM_TS] * 1000), 0)
 
