@@ -19,7 +19,8 @@ tombstones are decided from it, the same way on every replica.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import cast
 
 import msgpack
 
@@ -57,6 +58,12 @@ def value_of(pairs: Mapping[str, Pair]) -> int:
         fp, fn = pairs.get(FLOOR + origin, (0, 0))
         total += max(0, p - fp) - max(0, n - fn)
     return total
+
+
+# ``value_of`` an entry's wire form (``CounterEntry.to_wire``: origin -> [P, N]) with no
+# ``CounterEntry`` built, as a read that holds its entries so answers: a [P, N] list unpacks
+# as the pair does (the same function, typed for lists)
+wire_value = cast(Callable[[Mapping[str, list[int]]], int], value_of)
 
 
 def is_live(pairs: Mapping[str, Pair]) -> bool:

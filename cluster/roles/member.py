@@ -34,7 +34,7 @@ from cluster.roles.coordinator import Coordinator, unstamped
 from cluster.roles.failure import FailureDetector
 from cluster.roles.leader import Leader
 from cluster.roles.quorum import next_incarnation, quorum_future
-from cluster.roles.reads import read_counter, read_values
+from cluster.roles.reads import on_read, read_counter, read_values
 from cluster.roles.replica import Replica
 from cluster.roles.state import NodeState
 from cluster.transport.auth import PeerAuth, load_secret
@@ -521,7 +521,7 @@ class Node:
         if kind == Kind.SCAN:
             return [scans.on_scan(self, b) for b in body]
         if kind == Kind.READ:
-            return self.replica.on_read(body)
+            return on_read(self, body)
         if kind == Kind.REPAIR:
             return self.on_repair(body)
         if kind == Kind.PING:

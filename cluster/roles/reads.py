@@ -7,20 +7,33 @@ list. Every replica that answered with less than the merge gets the merged entry
 Many keys at once (``POST /v1/read``, a delete's look at what it removes) are grouped by
 preference list: each replica of a group gets one READ frame with all of the group's keys, and
 each stale replica one REPAIR frame, never a message per key.
+
+Entries travel as their wire form (``CounterEntry.to_wire``: origin -> [P, N], no (0, 0) pair),
+and a read handles them so: a replica answers them straight from its store (``wires``), and
+where every replica that answered holds the same entry as this node's copy, that copy is the
+merge and no replica is stale; one dict comparison decides it, for a whole group at once when
+they all agree. Only a key the replicas disagree on (or one read from peers alone, whose answers
+are checked by ``CounterEntry.from_wire``) is merged entry by entry and repaired.
 """
 
 from __future__ import annotations
 
 import asyncio
+from bisect import bisect_left
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from cluster.core.entry import CounterEntry, wire_value
 from cluster.core.errors import Unavailable
-from cluster.core.shards import CounterEntry
+from cluster.core.pages import MAX_ORIGINS, ORIGIN_BITS
+from cluster.core.shards import ShardStore
 from cluster.roles.checks import consume
 from cluster.roles.host import Host
 from cluster.roles.state import NodeState
 from cluster.transport.wire import Kind
+
+Wire = dict[str, list[int]]  # one key's entry as READ answers carry it (``CounterEntry.to_wire``)
+ORIGIN_MASK = MAX_ORIGINS - 1  # a page's ``who``: key number << ORIGIN_BITS | origin number
 
 
 class Node(Host, Protocol):
@@ -35,6 +48,34 @@ class Node(Host, Protocol):
     def on_repair(self, items: list[list[Any]], op_id: str = "") -> asyncio.Future[None]: ...
 
 
+def wires(shards: ShardStore, keys: Sequence[Sequence[str]]) -> list[Wire]:
+    """Each (table, key)'s entry as others may see it (``ShardStore.entry``: unpublished deltas
+    left out), in its wire form, read off its page's arrays with no ``CounterEntry`` built: a
+    replica's answer to a READ frame, and this node's own copy."""
+    find, hidden, pairs, origins = shards._find, shards.has_hidden, shards._pairs, shards._origins
+    out: list[Wire] = []
+    for table, key in keys:
+        found = find(table, key)
+        if found is None:
+            out.append({})
+            continue
+        page, r, _leaf = found
+        if hidden(table, key):  # rare: an op this node leads is not yet on a quorum
+            out.append({o: [p, n] for o, (p, n) in pairs(table, key, page, r).items() if p or n})
+            continue
+        who, pn = page.who, page.pn  # the key's entries: who[j:end], their pairs pn[2j:2end]
+        j = bisect_left(who, r << ORIGIN_BITS)
+        end = bisect_left(who, (r + 1) << ORIGIN_BITS, j)
+        out.append({origins[who[i] & ORIGIN_MASK]: [pn[2 * i], pn[2 * i + 1]]
+                    for i in range(j, end) if pn[2 * i] or pn[2 * i + 1]})
+    return out
+
+
+def on_read(node: Node, items: list[list[str]]) -> list[Wire]:
+    """A READ frame's answer: each [table, key]'s entry, in order."""
+    return wires(node.state.shards, items)
+
+
 async def read_counter(node: Node, table: str, key: str, consistency: str) -> int:
     return (await read_values(node, [(table, key)], consistency))[0]
 
@@ -46,34 +87,46 @@ async def read_values(node: Node, reads: Sequence[tuple[str, str]], consistency:
     entries are at least that recent, while judged later (a replica slow to answer) a stale
     entry would call a key expired that a write kept alive meanwhile."""
     now = node.clock()
-    entries = await read_entries(node, reads, consistency)
-    value = node.state.read_value
-    return [value(table, entry, now) for (table, _key), entry in zip(reads, entries, strict=True)]
+    merged = await _read_wires(node, reads, consistency)
+    state = node.state
+    ttl = state.ttl_tables  # a key of another table never expires: its value is the wire's
+    return [state.read_value(table, CounterEntry.from_wire(wire), now) if table in ttl
+            else wire_value(wire)
+            for (table, _key), wire in zip(reads, merged, strict=True)]
 
 
 async def read_entries(node: Node, reads: Sequence[tuple[str, str]], consistency: str
                        ) -> list[CounterEntry]:
     """Each key's entry merged from ``consistency`` many of its replicas, in order; the stale
     replicas seen are repaired. ``Unavailable`` when some key's group has too few answers."""
+    return [CounterEntry.from_wire(w) for w in await _read_wires(node, reads, consistency)]
+
+
+async def _read_wires(node: Node, reads: Sequence[tuple[str, str]], consistency: str
+                      ) -> list[Wire]:
+    """``read_entries``, in wire form."""
+    ring = node.ring
+    if ring.replicates_everywhere:  # one replica set, every member's
+        return await _read_group(node, tuple(sorted(ring.members)), reads, consistency)
     groups: dict[tuple[str, ...], list[int]] = {}
-    prefs_of = node.ring.preference_list
+    prefs_of = ring.preference_list
     for i, (table, key) in enumerate(reads):  # by replica set: the order of a list differs
         groups.setdefault(tuple(sorted(prefs_of(table, key))), []).append(i)
-    out = [CounterEntry()] * len(reads)
+    out: list[Wire] = [{}] * len(reads)
     results = await asyncio.gather(*[
         _read_group(node, prefs, [reads[i] for i in idx], consistency)
         for prefs, idx in groups.items()])
     for idx, merged in zip(groups.values(), results, strict=True):
-        for i, entry in zip(idx, merged, strict=True):
-            out[i] = entry
+        for i, wire in zip(idx, merged, strict=True):
+            out[i] = wire
     return out
 
 
-async def _read_group(node: Node, prefs: tuple[str, ...], keys: list[tuple[str, str]],
-                      consistency: str) -> list[CounterEntry]:
+async def _read_group(node: Node, prefs: tuple[str, ...], keys: Sequence[tuple[str, str]],
+                      consistency: str) -> list[Wire]:
     need = {"one": 1, "quorum": node.config.read_quorum, "all": len(prefs)}[consistency]
     order = sorted(prefs, key=lambda n: (n != node.id, not node.is_live(n)))
-    answers: dict[str, list[CounterEntry]] = {}
+    answers: dict[str, list[Wire]] = {}
     tried = 0
     while len(answers) < need and tried < len(order):
         batch = order[tried : tried + need - len(answers)]
@@ -82,34 +135,41 @@ async def _read_group(node: Node, prefs: tuple[str, ...], keys: list[tuple[str, 
     if len(answers) < need:
         node.metrics.unavailable += 1
         raise Unavailable(f"{len(answers)} of {need} replicas answered the read")
-    merged = []
+    # this node's copy, when it answered, is the merge of every key all the answers agree on
+    mine = answers.get(node.id)
+    got = list(answers.values())
+    if mine is not None and all(g == mine for g in got):
+        return mine  # no key to merge, no replica stale
+    merged: list[Wire] = []
     stale: dict[str, list[list[Any]]] = {}
     for i, (table, key) in enumerate(keys):
+        if mine is not None and all(g[i] == mine[i] for g in got):
+            merged.append(mine[i])
+            continue
+        entries = {name: CounterEntry.from_wire(g[i]) for name, g in answers.items()}
         entry = CounterEntry()
-        for got in answers.values():
-            entry = entry.merge(got[i])
-        merged.append(entry)
-        wire = None
-        for name, got in answers.items():
-            if not got[i].dominates(entry):
-                wire = entry.to_wire() if wire is None else wire
+        for e in entries.values():
+            entry = entry.merge(e)
+        wire = entry.to_wire()
+        merged.append(wire)
+        for name, e in entries.items():
+            if not e.dominates(entry):
                 stale.setdefault(name, []).append([table, key, wire])
     if stale:
         _repair(node, stale)
     return merged
 
 
-async def _read_from(node: Node, keys: list[tuple[str, str]],
-                     names: list[str]) -> dict[str, list[CounterEntry]]:
-    out: dict[str, list[CounterEntry]] = {}
+async def _read_from(node: Node, keys: Sequence[tuple[str, str]],
+                     names: list[str]) -> dict[str, list[Wire]]:
+    """The keys' entries from each of ``names`` that answered in time, this node's own first."""
+    out: dict[str, list[Wire]] = {}
     futs: dict[str, asyncio.Future[Any]] = {}
-    body = [[table, key] for table, key in keys]
     for name in names:
         if name == node.id:
-            entry = node.state.shards.entry
-            out[name] = [entry(table, key) for table, key in keys]
+            out[name] = wires(node.state.shards, keys)
         else:
-            futs[name] = node.links[name].call(Kind.READ, body)
+            futs[name] = node.links[name].call(Kind.READ, list(keys))
     if futs:
         await asyncio.wait(futs.values(), timeout=node.config.quorum_timeout)
         for name, fut in futs.items():
@@ -118,7 +178,7 @@ async def _read_from(node: Node, keys: list[tuple[str, str]],
             elif fut.exception() is None:
                 got = fut.result()
                 if isinstance(got, list) and len(got) == len(keys):
-                    out[name] = [CounterEntry.from_wire(w) for w in got]
+                    out[name] = got
     return out
 
 
