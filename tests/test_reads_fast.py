@@ -93,8 +93,8 @@ class Peer:
         elif kind == Kind.READ:
             if self.before_answer is not None:
                 self.before_answer()
-            answer = reads.on_read(SimpleNamespace(state=SimpleNamespace(shards=self.store)),
-                                   items)  # type: ignore[arg-type]
+            replica: Any = SimpleNamespace(state=SimpleNamespace(shards=self.store))
+            answer = reads.on_read(replica, items)
             fut.set_result(msgpack.unpackb(msgpack.packb(answer)))
         else:
             assert kind == Kind.REPAIR
@@ -124,7 +124,7 @@ class ReadNode:
                                          rf=3, vnodes=16).placement()
         self.metrics = NodeMetrics()
         self.peers = {n: Peer(n) for n in names[1:]}
-        self.links = self.peers
+        self.links: dict[str, Any] = dict(self.peers)
         self.repaired_here: list[list[Any]] = []
 
     @property
@@ -329,7 +329,7 @@ async def test_a_multi_get_repairs_a_stale_replica_through_real_frames(tmp_path:
                     sent.append((_name, kind, items))
                     return _real(kind, items, *a, **k)
 
-                link.call = recording  # type: ignore[method-assign]
+                link.call = recording
             reads_body = {"reads": [{"table": "t", "key": f"k{i}"} for i in range(40)],
                           "consistency": "all"}
             status, body = await client._req("POST", f"{url}/v1/read", json=reads_body)
