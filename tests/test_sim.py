@@ -131,6 +131,18 @@ def test_a_scan_page_judges_expiry_at_its_start() -> None:
     assert res.report.scans
 
 
+# Seeds of the sweep with every fault and membership and the full mix (docs/sim.md), each a
+# violation before its fix: 1786, a withdrawn op under a delete's floor (reads short by it);
+# 1838, a key handed off, dropped, brought back from the log by a restart and handed off again
+# after its replicas collected its tombstone; 2194 and 1781, a hand-off held back past the
+# grace by faults and a second move (counted again).
+@pytest.mark.parametrize("seed", [1786, 1838, 2194, 1781])
+def test_regression_seeds_with_deletes(seed: int) -> None:
+    res = run_seed(Options(seed=seed, ops=200, faults=MEMBERSHIP, mix=NEW_OPS, ttl=3.0))
+    assert res.ok, res.line()
+    assert res.report.deletes_ok
+
+
 def test_visible_unpublished_deltas_are_caught() -> None:
     """``ShardStore.hide`` a no-op (``--break hide``): a delta applied by a leader that never
     reached its quorum is visible, then withdrawn or applied again elsewhere."""
