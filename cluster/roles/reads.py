@@ -60,14 +60,19 @@ def wires(shards: ShardStore, keys: Sequence[Sequence[str]]) -> list[Wire]:
             out.append({})
             continue
         page, r, _leaf = found
-        if hidden(table, key):  # rare: an op this node leads is not yet on a quorum
+        if hidden(table, key):  # an op it leads not yet on a quorum: _pairs leaves it out
             out.append({o: [p, n] for o, (p, n) in pairs(table, key, page, r).items() if p or n})
             continue
-        who, pn = page.who, page.pn  # the key's entries: who[j:end], their pairs pn[2j:2end]
+        # the key's entries are who[j:end] (key number << ORIGIN_BITS | origin number), their
+        # pairs pn[2j:2end]; a plain loop, cheaper than a comprehension for a pair or two
+        who, pn = page.who, page.pn
         j = bisect_left(who, r << ORIGIN_BITS)
-        end = bisect_left(who, (r + 1) << ORIGIN_BITS, j)
-        out.append({origins[who[i] & ORIGIN_MASK]: [pn[2 * i], pn[2 * i + 1]]
-                    for i in range(j, end) if pn[2 * i] or pn[2 * i + 1]})
+        wire = {}
+        for i in range(j, bisect_left(who, (r + 1) << ORIGIN_BITS, j)):
+            p, n = pn[2 * i], pn[2 * i + 1]
+            if p or n:
+                wire[origins[who[i] & ORIGIN_MASK]] = [p, n]
+        out.append(wire)
     return out
 
 
