@@ -37,7 +37,8 @@ from cluster.roles import deletes
 
 log = logging.getLogger("cluster.expiry")
 
-STEP = 2000  # keys looked at between two yields to the event loop
+STEP = 1000  # keys looked at between two yields to the event loop
+DELETING = 4  # batches of deletes by time one pass keeps in flight at once
 MAX_KEYS = 50_000  # due keys one pass looks at (more: the next pass begins at once)
 WALK_KEYS = 50_000  # keys one pass indexes by a walk (a new or reloaded store, a ttl changed)
 NET_KEYS = 10_000  # keys one pass's safety net looks at once the index is built
@@ -86,13 +87,17 @@ class Sweeper:
     time has passed, in case some change reached the store without its index hearing of it."""
 
     def __init__(self, max_keys: int = MAX_KEYS, walk_keys: int = WALK_KEYS,
-                 net_keys: int = NET_KEYS, retry_s: float = RETRY_S) -> None:
+                 net_keys: int = NET_KEYS, retry_s: float = RETRY_S,
+                 deleting: int = DELETING) -> None:
         self.max_keys, self.walk_keys, self.net_keys = max_keys, walk_keys, net_keys
+        self.deleting = max(1, deleting)
+        self._deletes: set[asyncio.Task[None]] = set()
         self.retry_ms = max(1, int(retry_s * 1000))
         self.more = False  # the last pass stopped at ``max_keys`` with keys still due
         self.net: list[str] = []  # tables the safety net has yet to walk in this round
         self.net_at = 0  # the digest leaf it goes on from in ``net[0]``
         self.visited = 0  # due keys looked at, in all
+        self.expired = 0  # keys deleted by time, in all
         self.walked = 0  # keys the walks looked at, in all
 
     def wanted(self, node: Node) -> bool:
@@ -122,19 +127,24 @@ class Sweeper:
         due = self.index(node)
         await self.walk(node, due)
         expired = collected = looked = 0
-        while looked < self.max_keys:
-            batch = due.take(int(node.clock() * 1000), min(STEP, self.max_keys - looked))
-            if not batch:
-                break
-            for table, keys in batch:
-                looked += len(keys)
-                e, c = await self.visit(node, due, table, keys)
-                expired += e
-                collected += c
-            await asyncio.sleep(0)
-        else:
-            self.more = due.ready(int(node.clock() * 1000))
-        self.visited += looked
+        expired_before = self.expired
+        try:
+            while looked < self.max_keys:
+                batch = due.take(int(node.clock() * 1000), min(STEP, self.max_keys - looked))
+                if not batch:
+                    break
+                for table, keys in batch:
+                    looked += len(keys)
+                    e, c = await self.visit(node, due, table, keys)
+                    expired += e
+                    collected += c
+                await asyncio.sleep(0)
+            else:
+                self.more = due.ready(int(node.clock() * 1000))
+        finally:
+            self.visited += looked
+            await asyncio.gather(*self._deletes, return_exceptions=True)
+            expired += self.expired - expired_before
         return expired, collected
 
     async def walk(self, node: Node, due: DueIndex) -> None:
@@ -188,7 +198,9 @@ class Sweeper:
 
     async def visit(self, node: Node, due: DueIndex, table: str, keys: list[str]
                     ) -> tuple[int, int]:
-        """Look at due keys of ``table`` (the class docstring); (expired, collected)."""
+        """Look at due keys of ``table`` (the class docstring): the expired ones this node
+        leads are deleted by a task (``_expire``, at most ``deleting`` in flight; the pass
+        waits for them at its end); (0, keys collected)."""
         state = node.state
         shards = state.shards
         now_ms = int(node.clock() * 1000)
@@ -230,19 +242,32 @@ class Sweeper:
             elif last:
                 due.add(table, key, last + grace_ms)
         collected = collect(node, table, dead) if dead else 0
-        expired = 0
-        if expiring:
+        if expiring:  # a few batches in flight at once: each waits on two quorums
+            while len(self._deletes) >= self.deleting:
+                await asyncio.wait(self._deletes, return_when=asyncio.FIRST_COMPLETED)
+            task = asyncio.ensure_future(self._expire(node, due, table, expiring))
+            self._deletes.add(task)
+            task.add_done_callback(self._deletes.discard)
+        return 0, collected
+
+    async def _expire(self, node: Node, due: DueIndex, table: str, expiring: list[Op]) -> None:
+        """Delete by time the keys of ``expiring`` (this node leads them)."""
+        try:
             statuses = await deletes.lead_deletes(node, expiring, only_expired=True)
-            # an applied delete raised the key's last change, which indexed it again; the
-            # others (expired on no quorum, unavailable) are looked at again later
-            later = ((int(node.clock() * 1000) // self.retry_ms) + 1) * self.retry_ms
-            for op, status in zip(expiring, statuses, strict=True):
-                if status == deletes.APPLIED:
-                    expired += 1
-                else:
-                    due.add(table, op.key, later)
-            node.metrics.expired_keys += expired
-        return expired, collected
+        except Exception as exc:  # noqa: BLE001 - looked at again later, like any not applied
+            log.info("deletes by time: %r", exc)
+            statuses = [-1] * len(expiring)
+        # an applied delete raised the key's last change, which indexed it again; the others
+        # (expired on no quorum, unavailable, failed) are looked at again later
+        later = ((int(node.clock() * 1000) // self.retry_ms) + 1) * self.retry_ms
+        expired = 0
+        for op, status in zip(expiring, statuses, strict=True):
+            if status == deletes.APPLIED:
+                expired += 1
+            else:
+                due.add(table, op.key, later)
+        node.metrics.expired_keys += expired
+        self.expired += expired
 
 
 def collect(node: Node, table: str, keys: list[str]) -> int:
