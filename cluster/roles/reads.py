@@ -52,7 +52,7 @@ def wires(shards: ShardStore, keys: Sequence[Sequence[str]]) -> list[Wire]:
     """Each (table, key)'s entry as others may see it (``ShardStore.entry``: unpublished deltas
     left out), in its wire form, read off its page's arrays with no ``CounterEntry`` built: a
     replica's answer to a READ frame, and this node's own copy."""
-    find, hidden, pairs, origins = shards._find, shards.has_hidden, shards._pairs, shards._origins
+    find, pairs, origins, hidden = shards._find, shards._pairs, shards._origins, shards._hidden
     out: list[Wire] = []
     for table, key in keys:
         found = find(table, key)
@@ -60,13 +60,13 @@ def wires(shards: ShardStore, keys: Sequence[Sequence[str]]) -> list[Wire]:
             out.append({})
             continue
         page, r, _leaf = found
-        if hidden(table, key):  # an op it leads not yet on a quorum: _pairs leaves it out
+        if hidden and (table, key) in hidden:  # an op led here, not yet on a quorum: left out
             out.append({o: [p, n] for o, (p, n) in pairs(table, key, page, r).items() if p or n})
             continue
         # the key's entries are who[j:end] (key number << ORIGIN_BITS | origin number), their
         # pairs pn[2j:2end]; a plain loop, cheaper than a comprehension for a pair or two
         who, pn = page.who, page.pn
-        j = bisect_left(who, r << ORIGIN_BITS)
+        j = bisect_left(who, r << ORIGIN_BITS) if r else 0  # the page's first key: at 0
         wire = {}
         for i in range(j, bisect_left(who, (r + 1) << ORIGIN_BITS, j)):
             p, n = pn[2 * i], pn[2 * i + 1]
