@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import contextlib
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import msgpack
@@ -551,6 +551,24 @@ class ShardStore:
         page, r, _leaf = found
         j = page.slot(r, o)
         return page.pn[2 * j] if j >= 0 else 0
+
+    def due_entry(self, table: str, key: str, due: Callable[[int], bool]
+                  ) -> tuple[int, CounterEntry | None] | None:
+        """The key's last change (``last_of``) and, when ``due(last)`` says it is due, its
+        visible entry (``entry``), from one lookup; None when the store does not hold it."""
+        found = self._find(table, key)
+        if found is None:
+            return None
+        page, r, _leaf = found
+        o = self._index.get(FLOOR)
+        last = 0
+        if o is not None:
+            j = page.slot(r, o)
+            if j >= 0:
+                last = page.pn[2 * j]
+        if not due(last):
+            return last, None
+        return last, CounterEntry(self._pairs(table, key, page, r))
 
     def lasts(self, table: str, leaf: int, budget: int
               ) -> tuple[list[tuple[str, int]], int | None]:

@@ -38,7 +38,8 @@ from cluster.roles import deletes
 log = logging.getLogger("cluster.expiry")
 
 STEP = 1000  # keys looked at between two yields to the event loop
-DELETING = 4  # batches of deletes by time one pass keeps in flight at once
+DELETING = 2  # batches of deletes by time one pass keeps in flight at once
+TICK_S = 1.0  # the longest wait between two looks at the due keys (the index's bucket)
 MAX_KEYS = 50_000  # due keys one pass looks at (more: the next pass begins at once)
 WALK_KEYS = 50_000  # keys one pass indexes by a walk (a new or reloaded store, a ttl changed)
 NET_KEYS = 10_000  # keys one pass's safety net looks at once the index is built
@@ -53,17 +54,27 @@ class Node(deletes.Node, Protocol):
 
 
 async def expiry_loop(node: Node, interval: float | None = None) -> None:
+    """A pass every ``interval`` (``sweep_interval``), and in between, every ``TICK_S`` at most,
+    a pass over the keys come due alone (no walk): cheap when none is, and a second's keys at a
+    time instead of ``interval``'s (replicas collect a key within about a second of each
+    other, so their digests differ for as long, and the work comes in smaller steps)."""
     interval = interval if interval is not None else node.config.sweep_interval
+    tick = min(interval, TICK_S)
+    loop = asyncio.get_running_loop()
     sweeper = Sweeper()
+    walked = loop.time()
     while True:
-        await asyncio.sleep(0 if sweeper.more else interval)
+        await asyncio.sleep(0 if sweeper.more else tick)
         if not node.ready:
             continue
+        walk = loop.time() - walked >= interval - tick / 2
         try:
-            await sweeper.sweep(node)
+            await sweeper.sweep(node, walk=walk)
         except Exception as exc:  # noqa: BLE001 - the next pass tries again
             sweeper.more = False
             log.info("expiry and collection pass: %r", exc)
+        if walk:
+            walked = loop.time()
 
 
 class Sweeper:
@@ -119,13 +130,15 @@ class Sweeper:
                 due.building.setdefault(table, 0)
         return due
 
-    async def sweep(self, node: Node) -> tuple[int, int]:
-        """One pass: (keys deleted by time as their leader, keys collected)."""
+    async def sweep(self, node: Node, *, walk: bool = True) -> tuple[int, int]:
+        """One pass: (keys deleted by time as their leader, keys collected). ``walk``: go on
+        with the walk too (indexing a store, or the safety net)."""
         self.more = False
         if not self.wanted(node):
             return 0, 0
         due = self.index(node)
-        await self.walk(node, due)
+        if walk or due.building:
+            await self.walk(node, due)
         expired = collected = looked = 0
         expired_before = self.expired
         try:
@@ -213,17 +226,23 @@ class Sweeper:
         retry = (now_ms // self.retry_ms + 1) * self.retry_ms  # one bucket for a step's keys
         expiring: list[Op] = []
         dead: list[str] = []
-        for key in keys:
-            last = shards.last_of(table, key)
-            if last is None:
-                continue  # not held (collected, handed off)
+        cursor = due.cursor
+
+        def is_due(last: int) -> bool:
             changed = last or since
-            if not changed:
-                continue  # a key with no last change in a table without a ttl: never due
-            if (changed + d) // res > due.cursor:
-                due.add(table, key, changed + d)  # written or deleted again since indexed
-                continue
-            entry = shards.entry(table, key)
+            return bool(changed) and (changed + d) // res <= cursor
+
+        look = shards.due_entry
+        for key in keys:
+            found = look(table, key, is_due)
+            if found is None:
+                continue  # not held (collected, handed off)
+            last, entry = found
+            changed = last or since
+            if entry is None:
+                if changed:  # written or deleted again since it was indexed: its new time
+                    due.add(table, key, changed + d)
+                continue  # (no last change, in a table without a ttl: never due)
             if entry.live():
                 if ttl is None:
                     continue  # written again after a delete: due again at its next delete
