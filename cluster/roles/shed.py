@@ -23,9 +23,9 @@ a hand-off after that would bring the deleted counts back to life there (the sim
 2194). So keys left behind for ``hand_off_limit`` (the grace less twice the clock skew allowed)
 since the finished move that first left them (a later move under way does not stop the clock:
 the copies miss its deletes just the same) are dropped without a hand-off
-(``idc_shed_abandoned``): the rule of a replica away for longer than the grace, which must come
-back by ``--replace`` (docs/deletes.md). The time keys are left behind since is logged (a DROP
-record of no key) and snapshotted, so a restart does not start it again.
+(``idc_shed_abandoned_total``): the rule of a replica away for longer than the grace, which
+must come back by ``--replace`` (docs/deletes.md). The time keys are left behind since is
+logged (a DROP record of no key) and snapshotted, so a restart does not start it again.
 
 Why every replica and not W: this node's copy may be the only one with its last pairs on a
 replica that missed them, and the key's own pair of this node's origin must be found again if
