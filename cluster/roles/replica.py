@@ -157,10 +157,6 @@ class Replica:
             out.append(Item(op_id, table, key, origin, p, n, delta, ts))
         return out
 
-    def on_read(self, items: list[list[str]]) -> list[dict[str, list[int]]]:
-        entry = self.state.shards.entry
-        return [entry(table, key).to_wire() for table, key in items]
-
     def learn(self, table: str, key: str, op_id: str, entry: CounterEntry
               ) -> asyncio.Future[None]:
         """A replica holds ``op_id``: remember it and merge the key's entry (the future of its
