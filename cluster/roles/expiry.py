@@ -38,7 +38,9 @@ from cluster.roles import deletes
 log = logging.getLogger("cluster.expiry")
 
 STEP = 1000  # keys looked at between two yields to the event loop
-DELETING = 2  # batches of deletes by time one pass keeps in flight at once
+DELETING = 2  # batches of deletes by time in flight at once (each waits on two quorums)
+EXPIRE_BATCH = 1000  # deletes by time a batch (one READ and one REPLICATE frame a replica)
+QUEUED = 20_000  # deletes by time waiting for a batch beyond which a pass takes no more keys
 TICK_S = 1.0  # the longest wait between two looks at the due keys (the index's bucket)
 MAX_KEYS = 50_000  # due keys one pass looks at (more: the next pass begins at once)
 WALK_KEYS = 50_000  # keys one pass indexes by a walk (a new or reloaded store, a ttl changed)
@@ -63,18 +65,21 @@ async def expiry_loop(node: Node, interval: float | None = None) -> None:
     loop = asyncio.get_running_loop()
     sweeper = Sweeper()
     walked = loop.time()
-    while True:
-        await asyncio.sleep(0 if sweeper.more else tick)
-        if not node.ready:
-            continue
-        walk = loop.time() - walked >= interval - tick / 2
-        try:
-            await sweeper.sweep(node, walk=walk)
-        except Exception as exc:  # noqa: BLE001 - the next pass tries again
-            sweeper.more = False
-            log.info("expiry and collection pass: %r", exc)
-        if walk:
-            walked = loop.time()
+    try:
+        while True:
+            await asyncio.sleep(0 if sweeper.more else tick)
+            if not node.ready:
+                continue
+            walk = loop.time() - walked >= interval - tick / 2
+            try:
+                await sweeper.sweep(node, walk=walk, wait=False)
+            except Exception as exc:  # noqa: BLE001 - the next pass tries again
+                sweeper.more = False
+                log.info("expiry and collection pass: %r", exc)
+            if walk:
+                walked = loop.time()
+    finally:
+        sweeper.cancel()
 
 
 class Sweeper:
@@ -103,6 +108,8 @@ class Sweeper:
         self.max_keys, self.walk_keys, self.net_keys = max_keys, walk_keys, net_keys
         self.deleting = max(1, deleting)
         self._deletes: set[asyncio.Task[None]] = set()
+        self._queued: dict[str, list[Op]] = {}  # table -> deletes by time not yet sent
+        self.queued = 0
         self.retry_ms = max(1, int(retry_s * 1000))
         self.more = False  # the last pass stopped at ``max_keys`` with keys still due
         self.net: list[str] = []  # tables the safety net has yet to walk in this round
@@ -130,9 +137,13 @@ class Sweeper:
                 due.building.setdefault(table, 0)
         return due
 
-    async def sweep(self, node: Node, *, walk: bool = True) -> tuple[int, int]:
+    async def sweep(self, node: Node, *, walk: bool = True, wait: bool = True
+                    ) -> tuple[int, int]:
         """One pass: (keys deleted by time as their leader, keys collected). ``walk``: go on
-        with the walk too (indexing a store, or the safety net)."""
+        with the walk too (indexing a store, or the safety net). The deletes by time go in
+        batches, a few in flight, while the pass goes on (a tombstone due is collected however
+        far behind the deletes are); ``wait``: the pass ends once they are done (else the next
+        pass counts them, and takes no more keys while ``QUEUED`` are waiting)."""
         self.more = False
         if not self.wanted(node):
             return 0, 0
@@ -143,6 +154,8 @@ class Sweeper:
         expired_before = self.expired
         try:
             while looked < self.max_keys:
+                if self.queued >= QUEUED:
+                    break  # the deletes are far behind: the next pass goes on
                 batch = due.take(int(node.clock() * 1000), min(STEP, self.max_keys - looked))
                 if not batch:
                     break
@@ -156,9 +169,33 @@ class Sweeper:
                 self.more = due.ready(int(node.clock() * 1000))
         finally:
             self.visited += looked
-            await asyncio.gather(*self._deletes, return_exceptions=True)
+            while wait and (self._deletes or self.queued):
+                self._launch(node, due)
+                await asyncio.wait(self._deletes)
             expired += self.expired - expired_before
         return expired, collected
+
+    def _launch(self, node: Node, due: DueIndex) -> None:
+        """Send queued deletes by time, a batch a task, up to ``deleting`` in flight."""
+        while self.queued and len(self._deletes) < self.deleting:
+            table = next(iter(self._queued))
+            ops = self._queued[table]
+            batch, rest = ops[:EXPIRE_BATCH], ops[EXPIRE_BATCH:]
+            if rest:
+                self._queued[table] = rest
+            else:
+                del self._queued[table]
+            self.queued -= len(batch)
+            task = asyncio.ensure_future(self._expire(node, due, table, batch))
+            self._deletes.add(task)
+            task.add_done_callback(self._deletes.discard)
+
+    def cancel(self) -> None:
+        """Stop the deletes in flight and forget the queued ones (the node stops)."""
+        for task in self._deletes:
+            task.cancel()
+        self._queued.clear()
+        self.queued = 0
 
     async def walk(self, node: Node, due: DueIndex) -> None:
         """Index the keys of the tables being built, then (once none is) go on with the
@@ -212,8 +249,7 @@ class Sweeper:
     async def visit(self, node: Node, due: DueIndex, table: str, keys: list[str]
                     ) -> tuple[int, int]:
         """Look at due keys of ``table`` (the class docstring): the expired ones this node
-        leads are deleted by a task (``_expire``, at most ``deleting`` in flight; the pass
-        waits for them at its end); (0, keys collected)."""
+        leads are queued for deletes by time (``_launch``); (0, keys collected)."""
         state = node.state
         shards = state.shards
         now_ms = int(node.clock() * 1000)
@@ -261,12 +297,10 @@ class Sweeper:
             elif last:
                 due.add(table, key, last + grace_ms)
         collected = collect(node, table, dead) if dead else 0
-        if expiring:  # a few batches in flight at once: each waits on two quorums
-            while len(self._deletes) >= self.deleting:
-                await asyncio.wait(self._deletes, return_when=asyncio.FIRST_COMPLETED)
-            task = asyncio.ensure_future(self._expire(node, due, table, expiring))
-            self._deletes.add(task)
-            task.add_done_callback(self._deletes.discard)
+        if expiring:
+            self._queued.setdefault(table, []).extend(expiring)
+            self.queued += len(expiring)
+            self._launch(node, due)
         return 0, collected
 
     async def _expire(self, node: Node, due: DueIndex, table: str, expiring: list[Op]) -> None:
@@ -287,6 +321,10 @@ class Sweeper:
                 due.add(table, op.key, later)
         node.metrics.expired_keys += expired
         self.expired += expired
+        me = asyncio.current_task()
+        if me is not None:
+            self._deletes.discard(me)  # done: not in flight for the next one
+        self._launch(node, due)  # the next batch, without waiting for the next pass
 
 
 def collect(node: Node, table: str, keys: list[str]) -> int:
