@@ -21,8 +21,8 @@ Not for ever: a copy no longer replicated here misses every delete made since, a
 delete's tombstone is past ``tombstone_grace`` its replicas collect it (``cluster.roles.expiry``);
 a hand-off after that would bring the deleted counts back to life there (the simulator's seed
 2194). So keys left behind for ``hand_off_limit`` (the grace less twice the clock skew allowed)
-since the finished move that first left them (a later move under way does not stop the clock:
-the copies miss its deletes just the same) are dropped without a hand-off
+since the membership that first left them out of their write sets (looked for at each new
+version; a move under way does not stop the clock) are dropped without a hand-off
 (``idc_shed_abandoned_total``): the rule of a replica away for longer than the grace, which
 must come back by ``--replace`` (docs/deletes.md). The time keys are left behind since is
 logged (a DROP record of no key) and snapshotted, so a restart does not start it again.
@@ -82,13 +82,19 @@ async def shed_loop(node: Node, tick: float | None = None) -> None:
     no longer replicates may still count on it for a node with the old list."""
     tick = tick if tick is not None else node.config.failure_timeout
     state = node.state
+    looked = 0  # the last version looked at for keys outside their write sets
     while True:
         await asyncio.sleep(tick)
         ms = node.membership
         if ms.version <= 1 or not node.ready or ms.version == node.metrics.shed_version:
             continue
-        if not ms.moving and state.foreign_since is None:  # keys left it at the install
-            _left_behind(node, node.clock() - (node.monotonic() - node.installed_at))
+        if state.foreign_since is None and ms.version != looked:
+            installed = node.clock() - (node.monotonic() - node.installed_at)
+            found = await _outside_write_sets(node, ms)
+            if found is not None:
+                looked = ms.version
+            if found:  # they have missed every write and delete since this version came
+                _left_behind(node, installed)
         if ms.moving or node.monotonic() - node.installed_at < 2 * node.config.failure_timeout:
             continue
         since = state.foreign_since
@@ -101,6 +107,23 @@ async def shed_loop(node: Node, tick: float | None = None) -> None:
         if kept == 0 and node.membership is ms:
             node.metrics.shed_version = ms.version
             _left_behind(node, None)
+
+
+async def _outside_write_sets(node: Node, ms: Membership) -> bool | None:
+    """Does this node hold a key whose write set (under a move, the old and the new replicas)
+    leaves it out? None when a newer membership came meanwhile. A walk in steps, as a pass."""
+    if node.ring.replicates_everywhere:
+        return False
+    write_set, me, shards = node.ring.write_set, node.id, node.state.shards
+    for table in list(shards.tables()):
+        keys = shards.keys_of(table)
+        while step := list(itertools.islice(keys, STEP)):
+            if node.membership is not ms:
+                return None
+            if any(me not in write_set(table, k) for k in step):
+                return True
+            await asyncio.sleep(0)
+    return False
 
 
 def _left_behind(node: Node, since: float | None) -> None:
