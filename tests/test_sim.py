@@ -135,10 +135,13 @@ def test_a_scan_page_judges_expiry_at_its_start() -> None:
 # violation before its fix: 1786, a withdrawn op under a delete's floor (reads short by it);
 # 1838, a key handed off, dropped, brought back from the log by a restart and handed off again
 # after its replicas collected its tombstone; 2194 and 1781, a hand-off held back past the
-# grace by faults and a second move (counted again).
-@pytest.mark.parametrize("seed", [1786, 1838, 2194, 1781])
-def test_regression_seeds_with_deletes(seed: int) -> None:
-    res = run_seed(Options(seed=seed, ops=200, faults=MEMBERSHIP, mix=NEW_OPS, ttl=3.0))
+# grace by faults and a second move (counted again). With skew too: 2333, a scan page that took a
+# key from a member no longer replicating it, whose replicas had collected it after a delete.
+@pytest.mark.parametrize(("seed", "faults"), [(1786, MEMBERSHIP), (1838, MEMBERSHIP),
+                                              (2194, MEMBERSHIP), (1781, MEMBERSHIP),
+                                              (2333, (*MEMBERSHIP, "skew"))])
+def test_regression_seeds_with_deletes(seed: int, faults: tuple[str, ...]) -> None:
+    res = run_seed(Options(seed=seed, ops=200, faults=faults, mix=NEW_OPS, ttl=3.0))
     assert res.ok, res.line()
     assert res.report.deletes_ok
 

@@ -91,26 +91,26 @@ def _need(node: Node, consistency: str) -> int:
     return {"one": 1, "quorum": node.config.read_quorum, "all": rf}[consistency]
 
 
-async def _ask_members(node: Node, item: dict[str, Any]) -> tuple[list[Any], int]:
-    """``item`` to every member holding keys (this node answers itself); the answers and how
-    many members did not answer."""
+async def _ask_members(node: Node, item: dict[str, Any]) -> tuple[list[tuple[str, Any]], int]:
+    """``item`` to every member holding keys (this node answers itself); the answers, each
+    with its member, and how many members did not answer."""
     answers = []
-    futs = []
+    futs: dict[str, asyncio.Future[Any]] = {}
     missing = 0
     for member in node.membership.reachable:
         if member == node.id:
-            answers.append(on_scan(node, item))
+            answers.append((member, on_scan(node, item)))
         elif member in node.links and node.is_live(member):
-            futs.append(node.links[member].call(Kind.SCAN, [item]))
+            futs[member] = node.links[member].call(Kind.SCAN, [item])
         else:
             missing += 1
     if futs:
-        done, pending = await asyncio.wait(futs, timeout=node.config.quorum_timeout)
+        done, pending = await asyncio.wait(futs.values(), timeout=node.config.quorum_timeout)
         for f in pending:
             f.cancel()
-        for f in futs:
+        for member, f in futs.items():
             if f in done and f.exception() is None:
-                answers.append(f.result()[0])
+                answers.append((member, f.result()[0]))
             else:
                 missing += 1
     return answers, missing
@@ -134,16 +134,22 @@ async def scan_page(node: Node, table: str, prefix: str, after: Position | None,
                           f"needs {_need(node, consistency)} of each key's {node.ring.rf} "
                           "replicas")
     bound: Position | None = None
-    for a in answers:
+    for _member, a in answers:
         upto = a.get("upto")
         if upto is not None:
             pos = (int(upto[0]), str(upto[1]))
             bound = pos if bound is None or pos < bound else bound
     merged: dict[Position, CounterEntry] = {}
-    for a in answers:
+    write_set = getattr(node.ring, "write_set", node.ring.preference_list)
+    for member, a in answers:
         for leaf, key, wire in a["keys"]:
             pos = (leaf, key)
             if bound is not None and pos > bound:
+                continue
+            if member not in write_set(table, key):
+                # a copy a member no longer replicates, waiting for its hand-off: it misses
+                # the deletes made since, and its replicas may have collected the key's
+                # tombstone (the simulator's seed 2333: a deleted key back in a page)
                 continue
             entry = CounterEntry.from_wire(wire)
             got = merged.get(pos)
@@ -167,7 +173,7 @@ async def tables(node: Node) -> list[dict[str, Any]]:
     """Every table some member holds keys of or has settings for, with its settings."""
     answers, _missing = await _ask_members(node, {"tables": True})
     names = set(node.state.tables)
-    for a in answers:
+    for _member, a in answers:
         names.update(a)
     out = []
     for name in sorted(names):
