@@ -281,10 +281,11 @@ async def test_ttl_is_agreed_by_every_node_and_an_expired_counter_starts_again_f
             await client.add(b[0], "v", "other", "c:2", 1)
             assert await client.value(b[1], "v", "k", "quorum") == 7
 
-            async def expired() -> bool:
-                return await client.value(b[1], "v", "k", "quorum") == 0
+            async def expired() -> bool:  # both: "other" was written a moment after "k"
+                return (await client.value(b[1], "v", "k", "quorum") == 0
+                        and await client.value(b[1], "v", "other", "quorum") == 0)
 
-            await wait_until(expired, timeout=10, what="the counter to expire")
+            await wait_until(expired, timeout=10, what="the counters to expire")
             got, _ = await scan_all(client, b[0], "v")
             assert got == []
             await client.add(b[2], "v", "k", "c:3", 5)  # starts from 0, not 12
