@@ -642,7 +642,7 @@ async def part_churn(nodes: Nodes, args: argparse.Namespace) -> dict[str, Any]:
           f"{period:g} s for {seconds:g} s; nodes: --tombstone-grace {args.churn_grace:g} "
           f"--sweep-interval {args.churn_sweep:g}. A key is held from its write until at least "
           f"ttl + grace = {life:g} s later (plus until a sweep pass reaches it, twice: to expire "
-          f"it, then to drop its tombstone; a pass looks at up to {MAX_KEYS} keys a node), so "
+          f"it, then to drop its tombstone; a pass looks at up to {MAX_KEYS} due keys a node), so "
           f"the keys held can level off from t = {steady_t:g} s at the earliest", flush=True)
     await sample()
     loading = asyncio.gather(*(loader(w) for w in range(4)))
