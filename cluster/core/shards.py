@@ -48,14 +48,13 @@ from cluster.core.digests import (
     Digests,
     GroupOf,
     entry_hash,
-    key_hash,
     pair_hash,
 )
 from cluster.core.due import DueIndex
 from cluster.core.entry import FLOOR, CounterEntry, Pair, value_of
 from cluster.core.ops import ItemFields
 from cluster.core.pages import MAX_ORIGINS, Page
-from cluster.core.store_kernel import install
+from cluster.core.store_kernel import KEY_HASH, install
 
 
 class ShardStore:
@@ -104,7 +103,7 @@ class ShardStore:
         pages = self._tables.get(table)
         if pages is None:
             return None
-        leaf = key_hash(table, key) % LEAVES
+        leaf = KEY_HASH(table, key) % LEAVES
         page = pages.get(leaf)
         if page is None:
             return None
@@ -130,7 +129,7 @@ class ShardStore:
         pages = self._tables.get(table)
         if pages is None:
             pages = self._tables[table] = {}
-        leaf = key_hash(table, key) % LEAVES
+        leaf = KEY_HASH(table, key) % LEAVES
         page = pages.get(leaf)
         if page is None:
             page = pages[leaf] = Page()

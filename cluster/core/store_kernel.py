@@ -43,6 +43,8 @@ def _load() -> tuple[Any, str]:
 
 _KERNEL_MODULE, REASON = _load()
 KERNEL = "c" if _KERNEL_MODULE is not None else "python"
+# the key's hash (its digest leaf): compiled when the kernel is, else ``digests.key_hash``
+KEY_HASH = _KERNEL_MODULE.key_hash if _KERNEL_MODULE is not None else key_hash
 
 
 def install(cls: type) -> None:
