@@ -7,6 +7,7 @@ fault, ``--mix delete=0.1,multiget=0.05,scan=0.05 --ttl 3``), forced here on a r
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cluster_util import inprocess_configs, inprocess_nodes
@@ -114,3 +115,28 @@ async def test_since_when_keys_wait_for_their_hand_off_survives_a_restart(
     async with inprocess_nodes(cfgs) as servers:
         assert servers[0].node.state.foreign_since is None
     assert shed.hand_off_limit(servers[0].node) < servers[0].node.config.tombstone_grace
+
+
+async def test_the_raised_floor_is_logged_before_the_withdrawal(tmp_path: Path) -> None:
+    """The two records are two frames: a crash mid-write may keep a prefix of them. Kept, a
+    WITHDRAW without its floor would replay the compensation alone (the simulator's seed 3036:
+    a delete's count taken twice after a torn write); a floor without its WITHDRAW is safe (the
+    op is settled again, and the floor already covers the compensation)."""
+    from cluster.wal import RecordKind
+
+    async with inprocess_nodes(inprocess_configs(tmp_path)) as servers:
+        node = servers[0].node
+        item = _in_doubt(node, "k", "c1:9", 5)
+        node.state.shards.merge_pair("t", "k", floor_of(node.origin), 5, 0)
+        logged: list[list[Any]] = []
+        append = node.log.append_nowait
+
+        def spy(recs: list[Any]) -> Any:
+            logged.append(list(recs))
+            return append(recs)
+
+        node.log.append_nowait = spy
+        await settle.withdraw(node, item)
+        assert [[r.kind for r in recs] for recs in logged] == [
+            [RecordKind.REPLICA, RecordKind.WITHDRAW]]
+        assert logged[0][0].origin == floor_of(node.origin)
