@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_util import inprocess_configs, inprocess_nodes
+from cluster_util import inprocess_configs, inprocess_nodes, wait_until
 
 from cluster.core.entry import floor_of
 from cluster.core.ops import Item
@@ -140,3 +140,31 @@ async def test_the_raised_floor_is_logged_before_the_withdrawal(tmp_path: Path) 
         assert [[r.kind for r in recs] for recs in logged] == [
             [RecordKind.REPLICA, RecordKind.WITHDRAW]]
         assert logged[0][0].origin == floor_of(node.origin)
+
+
+async def test_a_withdrawal_reaching_replicas_that_collected_the_key_reads_0_there(
+        tmp_path: Path) -> None:
+    """An op in doubt for longer than the grace: its key was deleted, and its replicas
+    collected the tombstone. The withdrawal's compensation goes out with the floor it lies on
+    and the key's last change, so a replica taking the key back reads 0 (the simulator's seed
+    4287: two replicas read the op's whole pair, 10, where the others read 0)."""
+    from cluster.core.entry import LAST
+
+    async with inprocess_nodes(inprocess_configs(tmp_path)) as servers:
+        node = servers[0].node
+        shards = node.state.shards
+        shards.merge_pair("t", "k", node.origin, 10, 0)  # deleted: under the floor
+        shards.merge_pair("t", "k", floor_of(node.origin), 10, 0)
+        shards.merge_pair("t", "k", LAST, int((node.clock() - 7200) * 1000), 0)
+        item = _in_doubt(node, "k", "c1:9", 3)  # beyond the floor: the delete did not see it
+        await settle.withdraw(node, item)
+        assert shards.value("t", "k") == 0
+        others = [s.node for s in servers[1:]]
+
+        async def taken() -> bool:
+            return all(o.state.shards.holds("t", "k") for o in others)
+
+        await wait_until(taken, timeout=10, what="the replicas to take the compensation")
+        for o in others:
+            assert o.state.shards.value("t", "k") == 0
+            assert o.state.shards.pair("t", "k", floor_of(node.origin)) == (10, 0)

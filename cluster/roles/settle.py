@@ -16,7 +16,7 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
-from cluster.core.entry import floor_of
+from cluster.core.entry import LAST, floor_of
 from cluster.core.ops import ITEM_OP_ID, ITEM_TS, Item, ItemFields
 from cluster.core.shards import CounterEntry
 from cluster.roles import checks
@@ -257,9 +257,12 @@ async def withdraw(node: Node, item: Item, seen: Iterable[CounterEntry] = ()) ->
     node.release([op_id])
     node.metrics.withdrawn += 1
     log.info("withdrew in-doubt op %s on %s/%s (applied by another leader)", op_id, table, key)
-    pairs = {origin: list(node.state.shards.pair(table, key, origin))}
-    if floor is not None:
-        pairs[floor_of(origin)] = list(floor)
+    # the compensated pair, with the origin's floor and the key's last change: a replica that
+    # collected the key's tombstone meanwhile (an op in doubt for the whole grace) takes the
+    # pair back with the floor it lies on, not bare above nothing (the simulator's seed 4287)
+    shards = node.state.shards
+    pairs = {o: list(pair) for o in (origin, floor_of(origin), LAST)
+             if any(pair := shards.pair(table, key, o))}
     entry = [[table, key, pairs]]
     for t in node.targets_of(table, key):
         node.links[t].call(Kind.REPAIR, entry).add_done_callback(consume)
