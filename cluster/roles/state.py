@@ -97,10 +97,11 @@ class NodeState:
         shards = self.shards
         merge, noted = shards.merge_pair, shards.noted_last
         for item in items:
-            table = item[ITEM_TABLE]
-            if item[ITEM_ORIGIN] == LAST:
+            table, origin = item[ITEM_TABLE], item[ITEM_ORIGIN]
+            if origin == LAST:
                 noted(table, item[ITEM_KEY], item[ITEM_P])
-            if table in ttl:
+            elif table in ttl and is_real(origin):  # as ``replay`` does: a delete's floors
+                # come with its own LAST item, of the same time
                 merge(table, item[ITEM_KEY], LAST, int(item[ITEM_TS] * 1000), 0)
 
     def expired(self, table: str, entry: CounterEntry, now: float) -> bool:
