@@ -168,3 +168,23 @@ async def test_a_withdrawal_reaching_replicas_that_collected_the_key_reads_0_the
         for o in others:
             assert o.state.shards.value("t", "k") == 0
             assert o.state.shards.pair("t", "k", floor_of(node.origin)) == (10, 0)
+
+
+def test_a_claimed_ops_floor_item_is_not_refused_with_its_origin() -> None:
+    """A replica refuses a copy of an op claimed for another node than its origin's (the
+    leader that was cut off). A leader's pair started again at its mark comes with a floor
+    item of origin "~n5@2" and the op's own id: taken for another node's copy ("~n5" is not
+    "n5"), it was refused while the pair above it was merged, and the replica read the
+    restarted pair above its old floor (the simulator's seed 5043: -4)."""
+    from types import SimpleNamespace
+
+    from cluster.roles.replica import Replica
+
+    claims = SimpleNamespace(fence=lambda op_id: "n5", forgot_before=0.0,
+                             amnesiac=lambda: False)
+    replica = SimpleNamespace(claims=claims, metrics=SimpleNamespace(fenced=0))
+    floor = ["c3:22", "e", "k7", "~n5@2", 5, 5, 0, 1.0]
+    op = ["c3:22", "e", "k7", "n5@2", 6, 5, 1, 1.0]
+    assert Replica._fenced(replica, [floor, op]) is None  # type: ignore[arg-type]
+    other = ["c3:22", "e", "k7", "n4@1", 1, 0, 1, 1.0]  # another leader's copy: refused
+    assert Replica._fenced(replica, [floor, other]) == [True, False]  # type: ignore[arg-type]
