@@ -516,14 +516,7 @@ class ShardStore:
         first, last = (0, "") if after is None else after
         looked = 0
         want = prefix.encode()
-        # a table with few leaves: only those it has, in order (walking all 65,536 of them
-        # cost 15-30 ms a call); a dense one: the walk, which stops at the page's end
-        leaves: Iterable[int] = (range(first, LEAVES) if len(pages) * 16 >= LEAVES
-                                 else sorted(leaf for leaf in pages if leaf >= first))
-        for leaf in leaves:
-            page = pages.get(leaf)
-            if page is None:
-                continue
+        for leaf, page in _pages_from(pages, first):
             names = sorted(page.names())
             start = bisect_right(names, last.encode()) if after is not None and leaf == first \
                 else 0
@@ -538,33 +531,16 @@ class ShardStore:
                     return out, (leaf, name.decode())
         return out, None
 
-    def last_of(self, table: str, key: str) -> int | None:
-        """The key's last change (``LAST``'s P, ms; 0: none), None when the store does not
-        hold the key."""
-        found = self._find(table, key)
-        if found is None:
-            return None
-        o = self._index.get(FLOOR)
-        if o is None:
-            return 0
-        page, r, _leaf = found
-        j = page.slot(r, o)
-        return page.pn[2 * j] if j >= 0 else 0
-
     def due_entry(self, table: str, key: str, due: Callable[[int], bool]
                   ) -> tuple[int, CounterEntry | None] | None:
-        """The key's last change (``last_of``) and, when ``due(last)`` says it is due, its
-        visible entry (``entry``), from one lookup; None when the store does not hold it."""
+        """The key's last change (``LAST``'s P, ms; 0: none) and, when ``due(last)`` says it
+        is due, its visible entry (``entry``), from one lookup; None when the store does not
+        hold it."""
         found = self._find(table, key)
         if found is None:
             return None
         page, r, _leaf = found
-        o = self._index.get(FLOOR)
-        last = 0
-        if o is not None:
-            j = page.slot(r, o)
-            if j >= 0:
-                last = page.pn[2 * j]
+        last = _last_at(page, r, self._index.get(FLOOR))
         if not due(last):
             return last, None
         return last, CounterEntry(self._pairs(table, key, page, r))
@@ -572,28 +548,17 @@ class ShardStore:
     def lasts(self, table: str, leaf: int, budget: int
               ) -> tuple[list[tuple[str, int]], int | None]:
         """Every key of ``table`` in the pages from digest leaf ``leaf`` on, with its last
-        change (``last_of``), whole pages until at least ``budget`` keys; and the leaf to go on
-        from (None: the table's end). The walk that indexes a store in ``due``: no entry is
-        built, a key costs a lookup in its page's arrays."""
+        change (as ``due_entry``), whole pages until at least ``budget`` keys; and the leaf to
+        go on from (None: the table's end). The walk that indexes a store in ``due``: no entry
+        is built, a key costs a lookup in its page's arrays."""
         pages = self._tables.get(table)
         out: list[tuple[str, int]] = []
         if not pages:
             return out, None
         o = self._index.get(FLOOR)
-        leaves: Iterable[int] = (range(leaf, LEAVES) if len(pages) * 16 >= LEAVES
-                                 else sorted(lf for lf in pages if lf >= leaf))
-        for lf in leaves:
-            page = pages.get(lf)
-            if page is None:
-                continue
-            names = page.names()
-            if o is None:
-                out.extend((name.decode(), 0) for name in names)
-            else:
-                slot, pn = page.slot, page.pn
-                for r, name in enumerate(names):
-                    j = slot(r, o)
-                    out.append((name.decode(), pn[2 * j] if j >= 0 else 0))
+        for lf, page in _pages_from(pages, leaf):
+            out.extend((name.decode(), _last_at(page, r, o))
+                       for r, name in enumerate(page.names()))
             if len(out) >= budget:
                 return out, lf + 1 if lf + 1 < LEAVES else None
         return out, None
@@ -631,3 +596,26 @@ class ShardStore:
 install(ShardStore)  # the compiled merge_items, apply_hidden and unhide, when built (store_kernel)
 
 __all__ = ["CounterEntry", "Pair", "ShardStore"]
+
+
+def _pages_from(pages: dict[int, Page], first: int) -> Iterator[tuple[int, Page]]:
+    """A table's pages from digest leaf ``first`` on, in leaf order. A table with few leaves:
+    only those it has (walking all 65,536 of them cost 15-30 ms a call); a dense one: the
+    walk, which stops where its caller does."""
+    if len(pages) * 16 < LEAVES:
+        for leaf in sorted(leaf for leaf in pages if leaf >= first):
+            yield leaf, pages[leaf]
+        return
+    for leaf in range(first, LEAVES):
+        page = pages.get(leaf)
+        if page is not None:
+            yield leaf, page
+
+
+def _last_at(page: Page, r: int, o: int | None) -> int:
+    """Key number ``r``'s last change in ``page`` (the P of ``LAST``, whose origin number is
+    ``o``; None: the store has none), ms; 0 when it has none."""
+    if o is None:
+        return 0
+    j = page.slot(r, o)
+    return page.pn[2 * j] if j >= 0 else 0
