@@ -45,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 from cluster.core.entry import CounterEntry
@@ -114,16 +114,24 @@ async def _outside_write_sets(node: Node, ms: Membership) -> bool | None:
     leaves it out? None when a newer membership came meanwhile. A walk in steps, as a pass."""
     if node.ring.replicates_everywhere:
         return False
-    write_set, me, shards = node.ring.write_set, node.id, node.state.shards
+    write_set, me = node.ring.write_set, node.id
+    async for table, step in _steps(node):
+        if node.membership is not ms:
+            return None
+        if any(me not in write_set(table, k) for k in step):
+            return True
+    return False
+
+
+async def _steps(node: Node) -> AsyncIterator[tuple[str, list[str]]]:
+    """The keys this node holds, table by table, ``STEP`` at a time, with a yield to the loop
+    after each step (~1 ms: a placement lookup a key) is handled."""
+    shards = node.state.shards
     for table in list(shards.tables()):
         keys = shards.keys_of(table)
         while step := list(itertools.islice(keys, STEP)):
-            if node.membership is not ms:
-                return None
-            if any(me not in write_set(table, k) for k in step):
-                return True
+            yield table, step
             await asyncio.sleep(0)
-    return False
 
 
 def _left_behind(node: Node, since: float | None) -> None:
@@ -149,22 +157,19 @@ async def shed(node: Node, ms: Membership, *, stale: bool = False) -> int:
         return 0
     prefs: Callable[[str, str], tuple[str, ...]] = node.ring.preference_list
     me, shards = node.id, node.state.shards
-    for table in list(shards.tables()):
-        keys = shards.keys_of(table)
-        while step := list(itertools.islice(keys, STEP)):
-            if node.membership is not ms:
-                return kept + 1  # a newer membership: its own pass decides
-            foreign = {k: owners for k in step if me not in (owners := prefs(table, k))}
-            if foreign and stale:
-                dropped = drop_logged(node, table, [k for k in foreign
-                                                    if not shards.has_hidden(table, k)])
-                node.metrics.shed_abandoned += dropped
-                kept += len(foreign) - dropped
-            elif foreign:
-                dropped = await _hand_off(node, ms, table, foreign)
-                node.metrics.shed_keys += dropped
-                kept += len(foreign) - dropped
-            await asyncio.sleep(0)  # a step is ~1 ms; a hand-off with no owner up awaits nothing
+    async for table, step in _steps(node):
+        if node.membership is not ms:
+            return kept + 1  # a newer membership: its own pass decides
+        foreign = {k: owners for k in step if me not in (owners := prefs(table, k))}
+        if foreign and stale:
+            dropped = drop_logged(node, table, [k for k in foreign
+                                                if not shards.has_hidden(table, k)])
+            node.metrics.shed_abandoned += dropped
+            kept += len(foreign) - dropped
+        elif foreign:  # a hand-off with no owner up awaits nothing: the step's yield counts
+            dropped = await _hand_off(node, ms, table, foreign)
+            node.metrics.shed_keys += dropped
+            kept += len(foreign) - dropped
     node.metrics.foreign_keys = kept
     if kept:
         log.info("%d keys not replicated here kept (a replica did not take them yet)", kept)
