@@ -122,11 +122,14 @@ def claims_needed(node: Node, table: str | None = None, key: str | None = None) 
     return max(rf - node.config.quorum, rf // 2) + extra
 
 
-def _write_set(node: Node, table: str, key: str) -> tuple[str, ...]:
-    """The key's replicas, and while a move is under way the members gaining it
+def write_sets(ring: Any) -> Callable[[str, str], tuple[str, ...]]:
+    """A key's replicas, and while a move is under way the members gaining it
     (``cluster.core.membership.Placement.write_set``; a plain ring has no moves)."""
-    ring = node.ring
-    return getattr(ring, "write_set", ring.preference_list)(table, key)
+    return getattr(ring, "write_set", ring.preference_list)
+
+
+def _write_set(node: Node, table: str, key: str) -> tuple[str, ...]:
+    return write_sets(node.ring)(table, key)
 
 
 async def ask_holds(node: Node, table: str, key: str, op_id: str, born: float | None

@@ -26,6 +26,7 @@ from cluster.core.digests import LEAVES
 from cluster.core.errors import BadRequest, Unavailable
 from cluster.core.membership import Membership
 from cluster.core.shards import CounterEntry
+from cluster.roles.checks import write_sets
 from cluster.roles.host import Host
 from cluster.transport.wire import Kind
 from idc_contract import NAME_RE
@@ -140,7 +141,7 @@ async def scan_page(node: Node, table: str, prefix: str, after: Position | None,
             pos = (int(upto[0]), str(upto[1]))
             bound = pos if bound is None or pos < bound else bound
     merged: dict[Position, CounterEntry] = {}
-    write_set = getattr(node.ring, "write_set", node.ring.preference_list)
+    write_set = write_sets(node.ring)
     for member, a in answers:
         for leaf, key, wire in a["keys"]:
             pos = (leaf, key)
