@@ -47,7 +47,7 @@ def test_wires_are_the_entries_others_see_in_wire_form() -> None:
     s.merge_pair("t", "k0", "n1@1", 0, 0)  # a (0, 0) pair: no pair at all
     s.apply_hidden("t", "k1", 5)  # unpublished: left out, and a pair hidden whole is none
     s.apply_hidden("t", "k2", -3)
-    got = reads.wires(s, keys)
+    got = s.wires(keys)
     assert got == [s.entry(table, key).to_wire() for table, key in keys]
     assert got[-2:] == [{}, {}] and got[3000] == {"n2@1": [4, 1]}
     assert all(p or n for wire in got for p, n in wire.values())
@@ -69,7 +69,7 @@ def test_wires_match_entries_whatever_was_merged_and_hidden(
         if delta:
             s.apply_hidden("t", key, delta)
     keys = [("t", k) for k in ("a", "b", "c", "d")]
-    assert reads.wires(s, keys) == [s.entry(t, k).to_wire() for t, k in keys]
+    assert s.wires(keys) == [s.entry(t, k).to_wire() for t, k in keys]
 
 
 # -- reads through a node of three replica stores ---------------------------------------------

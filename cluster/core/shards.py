@@ -35,7 +35,7 @@ key's last change rises, ``noted_last`` when one rose where no Python runs (the 
 from __future__ import annotations
 
 import contextlib
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -53,8 +53,11 @@ from cluster.core.digests import (
 from cluster.core.due import DueIndex
 from cluster.core.entry import FLOOR, CounterEntry, Pair, value_of
 from cluster.core.ops import ItemFields
-from cluster.core.pages import MAX_ORIGINS, Page
+from cluster.core.pages import MAX_ORIGINS, ORIGIN_BITS, Page
 from cluster.core.store_kernel import KEY_HASH, install
+
+Wire = dict[str, list[int]]  # one key's entry as READ answers carry it (``CounterEntry.to_wire``)
+_ORIGIN_MASK = MAX_ORIGINS - 1  # a page's ``who``: key number << ORIGIN_BITS | origin number
 
 
 class ShardStore:
@@ -393,6 +396,34 @@ class ShardStore:
         if found is None:
             return CounterEntry()
         return CounterEntry(self._pairs(table, key, found[0], found[1]))
+
+    def wires(self, keys: Sequence[Sequence[str]]) -> list[Wire]:
+        """Each (table, key)'s entry as others may see it (``entry``: unpublished deltas left
+        out), in its wire form (``CounterEntry.to_wire``), read off its page's arrays with no
+        ``CounterEntry`` built: a replica's answer to a READ frame, and a reader's own copy."""
+        find, hidden, origins = self._find, self._hidden, self._origins
+        out: list[Wire] = []
+        for table, key in keys:
+            found = find(table, key)
+            if found is None:
+                out.append({})
+                continue
+            page, r, _leaf = found
+            if hidden and (table, key) in hidden:  # an op led here, not on a quorum yet
+                out.append({o: [p, n] for o, (p, n) in self._pairs(table, key, page, r).items()
+                            if p or n})
+                continue
+            # the key's entries are who[j:end] (key number << ORIGIN_BITS | origin number),
+            # their pairs pn[2j:2end]; a plain loop, cheaper than a comprehension for a pair or two
+            who, pn = page.who, page.pn
+            j = bisect_left(who, r << ORIGIN_BITS) if r else 0  # the page's first key: at 0
+            wire = {}
+            for i in range(j, bisect_left(who, (r + 1) << ORIGIN_BITS, j)):
+                p, n = pn[2 * i], pn[2 * i + 1]
+                if p or n:
+                    wire[origins[who[i] & _ORIGIN_MASK]] = [p, n]
+            out.append(wire)
+        return out
 
     def merge_entry(self, table: str, key: str, entry: CounterEntry) -> bool:
         changed = False

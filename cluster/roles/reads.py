@@ -9,31 +9,27 @@ preference list: each replica of a group gets one READ frame with all of the gro
 each stale replica one REPAIR frame, never a message per key.
 
 Entries travel as their wire form (``CounterEntry.to_wire``: origin -> [P, N], no (0, 0) pair),
-and a read handles them so: a replica answers them straight from its store (``wires``), and
-where every replica that answered holds the same entry as this node's copy, that copy is the
-merge and no replica is stale; one dict comparison decides it, for a whole group at once when
-they all agree. Only a key the replicas disagree on (or one read from peers alone, whose answers
-are checked by ``CounterEntry.from_wire``) is merged entry by entry and repaired.
+and a read handles them so: a replica answers them straight from its store
+(``ShardStore.wires``), and where every replica that answered holds the same entry as this
+node's copy, that copy is the merge and no replica is stale; one dict comparison decides it,
+for a whole group at once when they all agree. Only a key the replicas disagree on (or one
+read from peers alone, whose answers are checked by ``CounterEntry.from_wire``) is merged entry
+by entry and repaired.
 """
 
 from __future__ import annotations
 
 import asyncio
-from bisect import bisect_left
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from cluster.core.entry import CounterEntry, wire_value
 from cluster.core.errors import Unavailable
-from cluster.core.pages import MAX_ORIGINS, ORIGIN_BITS
-from cluster.core.shards import ShardStore
+from cluster.core.shards import Wire
 from cluster.roles.checks import consume
 from cluster.roles.host import Host
 from cluster.roles.state import NodeState
 from cluster.transport.wire import Kind
-
-Wire = dict[str, list[int]]  # one key's entry as READ answers carry it (``CounterEntry.to_wire``)
-ORIGIN_MASK = MAX_ORIGINS - 1  # a page's ``who``: key number << ORIGIN_BITS | origin number
 
 
 class Node(Host, Protocol):
@@ -48,37 +44,9 @@ class Node(Host, Protocol):
     def on_repair(self, items: list[list[Any]], op_id: str = "") -> asyncio.Future[None]: ...
 
 
-def wires(shards: ShardStore, keys: Sequence[Sequence[str]]) -> list[Wire]:
-    """Each (table, key)'s entry as others may see it (``ShardStore.entry``: unpublished deltas
-    left out), in its wire form, read off its page's arrays with no ``CounterEntry`` built: a
-    replica's answer to a READ frame, and this node's own copy."""
-    find, pairs, origins, hidden = shards._find, shards._pairs, shards._origins, shards._hidden
-    out: list[Wire] = []
-    for table, key in keys:
-        found = find(table, key)
-        if found is None:
-            out.append({})
-            continue
-        page, r, _leaf = found
-        if hidden and (table, key) in hidden:  # an op led here, not yet on a quorum: left out
-            out.append({o: [p, n] for o, (p, n) in pairs(table, key, page, r).items() if p or n})
-            continue
-        # the key's entries are who[j:end] (key number << ORIGIN_BITS | origin number), their
-        # pairs pn[2j:2end]; a plain loop, cheaper than a comprehension for a pair or two
-        who, pn = page.who, page.pn
-        j = bisect_left(who, r << ORIGIN_BITS) if r else 0  # the page's first key: at 0
-        wire = {}
-        for i in range(j, bisect_left(who, (r + 1) << ORIGIN_BITS, j)):
-            p, n = pn[2 * i], pn[2 * i + 1]
-            if p or n:
-                wire[origins[who[i] & ORIGIN_MASK]] = [p, n]
-        out.append(wire)
-    return out
-
-
 def on_read(node: Node, items: list[list[str]]) -> list[Wire]:
     """A READ frame's answer: each [table, key]'s entry, in order."""
-    return wires(node.state.shards, items)
+    return node.state.shards.wires(items)
 
 
 async def read_counter(node: Node, table: str, key: str, consistency: str) -> int:
@@ -172,7 +140,7 @@ async def _read_from(node: Node, keys: Sequence[tuple[str, str]],
     futs: dict[str, asyncio.Future[Any]] = {}
     for name in names:
         if name == node.id:
-            out[name] = wires(node.state.shards, keys)
+            out[name] = node.state.shards.wires(keys)
         else:
             futs[name] = node.links[name].call(Kind.READ, list(keys))
     if futs:
