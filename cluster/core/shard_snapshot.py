@@ -2,7 +2,8 @@
 
 A snapshot is ``{"chunks": [chunk, ..., tail]}``: each chunk a msgpack list of
 ``[table, leaf, keys, who, pn, ...]`` (``cluster.core.pages.Page.dump``, five fields a page),
-the tail ``{"own", "origins"}``, the store's origin names in number order. The earlier layout
+the tail ``{"own", "origins", "staged"}``, the store's origin names in number order and its
+staged copies (``ShardStore.staged_visible``). The earlier layout
 ``{"tables": {table: {key: [P0, N0, ...]}}, "origins": [...]}`` still loads. The store's methods
 (``dump_chunks``, ``to_bytes``, ``from_bytes``) call these; they read and set its private state,
 as its own methods would. Pure: no I/O, no clock.
@@ -34,7 +35,10 @@ def dump_chunks(store: Any, pages_per_chunk: int) -> Iterator[bytes]:
             if page is not None:  # else its keys were dropped meanwhile (``ShardStore.drop``)
                 flat += (table, leaf, *page.dump())
         yield pack(flat)
-    yield pack({"own": store.own, "origins": store._origins})
+    # staged copies (W > 2) as they are once every page is encoded: their visible pairs, the
+    # rest of their pairs hidden again on load (a page encoded earlier may lack a rise since:
+    # the log's records after the cut bring it back, a STAGED one hidden, a REPLICA one not)
+    yield pack({"own": store.own, "origins": store._origins, "staged": store.staged_visible()})
 
 
 def load(cls: Any, data: bytes, own: str) -> Any:
@@ -56,6 +60,7 @@ def load(cls: Any, data: bytes, own: str) -> Any:
             page = Page.load(keys, who, pn)
             store._tables.setdefault(table, {})[leaf] = page
             store.keys += len(page)
+    store.load_staged(head.get("staged", ()))
     store._index_all()
     return store
 

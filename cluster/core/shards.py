@@ -18,6 +18,17 @@ peers see) subtract them, while ``own_pair`` and the rows themselves stay the lo
 the next op's pair is computed from. A visible pair only ever grows: a delta is hidden as it is
 applied and unhidden once it is published, or once a compensation cancels it (``compensate``).
 
+**Staged copies.** With a write quorum above 2, a replica that merged a leader's new op is not
+yet a quorum, so it must not show it either: the op may yet be withdrawn, because another leader
+applied it after a check that missed this replica. Such a copy is *staged* (``stage``): the pair
+as applied here rises, the visible pair does not, and the difference is kept in the same hidden
+parts (the origin marked in ``_staged``). It stays hidden until a visible pair of its origin
+covers it: the leader's publication (a REPLICATE of the same pair once its quorum is known), a
+withdrawal's compensation, a repair. A visible pair of a staged origin raises the visible pair
+to it (``_merge_staged``: what anyone shows is published or settled), so staged copies need no
+bookkeeping of their own to be settled. Snapshots keep the visible pair of each staged origin
+(``staged_visible``); the log keeps STAGED records apart from REPLICA ones.
+
 **Digests.** Every method that changes a key's visible entry moves the key's hash (kept in its
 page) by the changed pair's difference and tells ``digests`` (``cluster.core.digests``:
 anti-entropy's bucket sums), so a digest never needs a pass over the whole store. A store new
@@ -66,8 +77,8 @@ class ShardStore:
     Keys live in ``cluster.core.pages.Page``s, one per table and digest leaf; origins are
     numbered per store (``_origins``), at most ``MAX_ORIGINS``."""
 
-    __slots__ = ("own", "_own", "_origins", "_index", "_tables", "keys", "_hidden", "digests",
-                 "_dirty", "_pending", "_tracking", "due")
+    __slots__ = ("own", "_own", "_origins", "_index", "_tables", "keys", "_hidden", "_staged",
+                 "digests", "_dirty", "_pending", "_tracking", "due")
 
     def __init__(self, own: str) -> None:
         self.own = own
@@ -76,6 +87,10 @@ class ShardStore:
         self._tables: dict[str, dict[int, Page]] = {}  # table -> leaf -> page
         # (table, key) -> origin -> [P, N] applied here but not published (module docstring)
         self._hidden: dict[tuple[str, str], dict[str, list[int]]] = {}
+        # (table, key) -> the origins whose hidden part in ``_hidden`` is a *staged* copy: a
+        # replica's copy of another leader's op that is not known to be on a quorum (W > 2;
+        # module docstring, "Staged copies"). Empty unless some write quorum is above 2.
+        self._staged: dict[tuple[str, str], set[str]] = {}
         self.keys = 0
         self.digests = Digests(self)
         # pages with keys not yet hashed into the digests (``Page.dirty`` says which keys)
@@ -212,7 +227,12 @@ class ShardStore:
             item[4], item[5] = self.apply_hidden(item[1], item[2], item[6])
 
     def merge_pair(self, table: str, key: str, origin: str, p: int, n: int) -> bool:
-        """Max-merge one origin's pair; True when it raised anything."""
+        """Max-merge one origin's pair; True when it raised anything. A visible pair: where
+        the origin has a staged copy here, what is visible rises to it (``_merge_staged``)."""
+        if self._staged:
+            staged = self._staged.get((table, key))
+            if staged is not None and origin in staged:
+                return self._merge_staged(table, key, origin, p, n)
         page, j, r, leaf = self._slot(table, key, self._origin(origin))
         pn = page.pn
         p0, n0 = pn[2 * j], pn[2 * j + 1]
@@ -224,6 +244,122 @@ class ShardStore:
         if origin == FLOOR and p > p0 and self._tracking:  # LAST: the key's last change rose
             self.due.raised(table, key, p0, p)
         return True
+
+    # -- staged copies (a replica's copy of an op not known to be on a quorum: W > 2) --------
+
+    def stage(self, table: str, key: str, origin: str, p: int, n: int) -> bool:
+        """Max-merge ``origin``'s pair as a *staged* copy: the pair as applied here rises, what
+        is visible does not (the rise is hidden until a visible pair covers it: a publication,
+        a withdrawal's compensation, a repair). True when it raised anything."""
+        if type(p) is not int or type(n) is not int or not (0 <= p <= MASK and 0 <= n <= MASK):
+            raise ValueError(f"P and N are integers in [0, 2**64), got ({p!r}, {n!r})")
+        page, j, _r, _leaf = self._slot(table, key, self._origin(origin))
+        pn = page.pn
+        p0, n0 = pn[2 * j], pn[2 * j + 1]
+        if p <= p0 and n <= n0:
+            return False
+        k = (table, key)
+        by_origin = self._hidden.get(k)
+        if by_origin is None:
+            by_origin = self._hidden[k] = {}
+        hid = by_origin.get(origin)
+        if hid is None:
+            hid = by_origin[origin] = [0, 0]
+        staged = self._staged.get(k)
+        if staged is None:
+            staged = self._staged[k] = set()
+        staged.add(origin)
+        vp, vn = max(0, p0 - hid[0]), max(0, n0 - hid[1])  # visible: stays as it is
+        p1, n1 = max(p, p0), max(n, n0)
+        pn[2 * j], pn[2 * j + 1] = p1, n1
+        hid[0], hid[1] = p1 - vp, n1 - vn
+        return True
+
+    def stage_items(self, items: Sequence[ItemFields]) -> None:
+        """``stage`` of each item's pair (a STAGE frame's items)."""
+        stage = self.stage
+        for _op_id, table, key, origin, p, n, _delta, _ts in items:
+            stage(table, key, origin, p, n)
+
+    def _merge_staged(self, table: str, key: str, origin: str, p: int, n: int) -> bool:
+        """A visible pair of an origin with a staged copy here: the pair as applied rises to
+        it, and so does what is visible (pairs seen anywhere are published or settled: docs/
+        node.md "What is visible when"); what the visible pair now covers is no longer hidden."""
+        page, j, r, leaf = self._slot(table, key, self._origin(origin))
+        pn = page.pn
+        p0, n0 = pn[2 * j], pn[2 * j + 1]
+        k = (table, key)
+        by_origin = self._hidden[k]
+        hid = by_origin[origin]
+        vp0, vn0 = max(0, p0 - hid[0]), max(0, n0 - hid[1])
+        vp1, vn1 = max(vp0, p), max(vn0, n)
+        p1, n1 = max(p0, p), max(n0, n)
+        if (p1, n1, vp1, vn1) == (p0, n0, vp0, vn0):
+            return False
+        pn[2 * j], pn[2 * j + 1] = p1, n1
+        hid[0], hid[1] = p1 - vp1, n1 - vn1
+        if hid[0] == 0 and hid[1] == 0:
+            del by_origin[origin]
+            if not by_origin:
+                del self._hidden[k]
+            staged = self._staged[k]
+            staged.discard(origin)
+            if not staged:
+                del self._staged[k]
+        if self._tracking:
+            self._move(table, key, page, r, leaf, origin, vp0, vn0, vp1, vn1)
+        return True
+
+    def merge_visible_items(self, items: Sequence[ItemFields]) -> None:
+        """``merge_items`` of visible pairs (REPLICATE items); where some origin of a key has a
+        staged copy here, its items go through ``merge_pair`` (visible rises to them). With no
+        staged copy anywhere (W <= 2 always) it is ``merge_items`` as is."""
+        staged = self._staged
+        if not staged:
+            self.merge_items(items)
+            return
+        plain = []
+        for item in items:
+            s = staged.get((item[1], item[2]))
+            if s is not None and item[3] in s:
+                if type(item[4]) is not int or type(item[5]) is not int:
+                    raise ValueError("P and N are integers")
+                self.merge_pair(item[1], item[2], item[3], item[4], item[5])
+            else:
+                plain.append(item)
+        if plain:
+            self.merge_items(plain)
+
+    def covers(self, table: str, key: str, origin: str, p: int, n: int) -> bool:
+        """``origin``'s visible pair of the key is at least (p, n)."""
+        vp, vn = self.pair(table, key, origin)
+        return vp >= p and vn >= n
+
+    def has_staged(self) -> bool:
+        return bool(self._staged)
+
+    def staged_visible(self) -> list[list[Any]]:
+        """Every (table, key, origin) with a staged copy here, with its visible pair: what a
+        snapshot keeps of them (``shard_snapshot``), besides the pairs as applied."""
+        out: list[list[Any]] = []
+        for (table, key), origins in self._staged.items():
+            for origin in origins:
+                vp, vn = self.pair(table, key, origin)
+                out.append([table, key, origin, vp, vn])
+        return out
+
+    def load_staged(self, rows: Iterable[Sequence[Any]]) -> None:
+        """Staged copies back from a snapshot (``staged_visible``'s rows): each origin's pair
+        as applied is at least its visible one, and the rest of it is hidden."""
+        for table, key, origin, vp, vn in rows:
+            page, j, _r, _leaf = self._slot(table, key, self._origin(origin))
+            pn = page.pn
+            p, n = max(pn[2 * j], vp), max(pn[2 * j + 1], vn)
+            pn[2 * j], pn[2 * j + 1] = p, n
+            if (p, n) == (vp, vn):
+                continue
+            self._hidden.setdefault((table, key), {})[origin] = [p - vp, n - vn]
+            self._staged.setdefault((table, key), set()).add(origin)
 
     def noted_last(self, table: str, key: str, last_ms: int) -> None:
         """The key's last change was merged up to ``last_ms`` where ``merge_pair`` did not see
@@ -346,10 +482,16 @@ class ShardStore:
             self.unhide(item[1], item[2], item[3], item[6])
 
     def clear_hidden(self) -> None:
+        """Forget the hidden deltas of this node's own unpublished ops (their owner rebuilds
+        them: ``NodeState.set_pending``); staged copies stay hidden."""
         hidden, self._hidden = self._hidden, {}
         for (table, key), by_origin in hidden.items():
+            staged = self._staged.get((table, key), ())
             for origin, (hp, hn) in by_origin.items():
-                self._rehide(table, key, origin, (hp, hn), (0, 0))
+                if origin in staged:
+                    self._hidden.setdefault((table, key), {})[origin] = [hp, hn]
+                else:
+                    self._rehide(table, key, origin, (hp, hn), (0, 0))
 
     def has_hidden(self, table: str, key: str) -> bool:
         return (table, key) in self._hidden

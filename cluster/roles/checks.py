@@ -28,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from cluster.core.ops import ItemFields, Op
+from cluster.core.ops import ITEM_ORIGIN, ItemFields, Op
 from cluster.core.shards import CounterEntry
 from cluster.roles.admission import needs_check
 from cluster.roles.claims import Claims
@@ -71,6 +71,10 @@ _APPLIED, _DUPLICATE, _UNAVAILABLE, _EXPIRED = (int(Status.APPLIED), int(Status.
 # application still waiting for its quorum): ask again later; no claim given, since the
 # replica restarted within a claim's life and may have promised the op before (``Claims``)
 HELD, IN_DOUBT, WITHDRAWN, BUSY, FORGOT = 1, 2, 3, 4, 5
+# and (write quorum above 2) this node holds the asker's own staged copy of the op, hidden
+# until published: to its leader, "your copy reached me" (the op may stand); to anyone else
+# it answers BUSY, since that application is still open (``NodeState.staged``)
+STAGED = 6
 # HOLDS request modes (the item's fourth field): only ask; ask and claim; release a claim
 QUERY, CLAIM, RELEASE = 0, 1, 2
 MAX_CHECKED = 1_000_000  # exact ids applied through the check, kept for the window
@@ -169,16 +173,21 @@ def on_holds(node: Node, items: list[list[Any]], peer: str = "?") -> list[list[A
     failed (settled later), BUSY when that quorum is still being waited for or another node
     holds a claim on the op, WITHDRAWN, HELD when the id is in the dedup (or this node applied
     it after a check), else 0 (and, asked with CLAIM, the op is claimed for ``peer``; FORGOT
-    instead shortly after a restart); whether this node applied it after a check; the key's
-    entry (so the asker learns what the op contributed)."""
+    instead shortly after a restart); STAGED when this node holds ``peer``'s own copy of the op
+    staged (hidden until published, W > 2), BUSY when it holds another leader's; whether this
+    node applied it after a check; the key's entry (so the asker learns what the op
+    contributed)."""
     out = []
     pending, inflight, claims = node.pending, node.inflight, node.claims
     for item in items:
         table, key, op_id = item[0], item[1], item[2]
         mode = item[3] if len(item) > 3 else QUERY
         born = item[4] if len(item) > 4 else None
+        staged = node.state.staged_open(op_id) if node.state.staged else None
         if op_id in pending:
             held = BUSY if op_id in inflight else IN_DOUBT
+        elif staged is not None:  # another leader's copy, hidden here until published
+            held = STAGED if staged[ITEM_ORIGIN].partition("@")[0] == peer else BUSY
         elif op_id in node.state.withdrawn:
             held = WITHDRAWN
         elif op_id in node.checked or op_id.encode() in node.state.dedup(table):
@@ -341,6 +350,14 @@ async def confirm_duplicates(node: Node, ops: Sequence[tuple[str, str, str]]) ->
     w = node.config.quorum
     if w <= 1:
         return [True] * len(ops)  # this node's own log is the quorum
+    if node.state.staged and any(node.state.staged_open(op_id) is not None
+                                 for _t, _k, op_id in ops):
+        # this node holds another leader's staged copy of the op: its application is still
+        # open (that leader publishes or withdraws it), and it shows nothing of it here
+        open_here = [node.state.staged_open(op_id) is not None for _t, _k, op_id in ops]
+        rest = [op for op, o in zip(ops, open_here, strict=True) if not o]
+        confirmed = iter(await confirm_duplicates(node, rest) if rest else [])
+        return [False if o else next(confirmed) for o in open_here]
     by_replica: dict[str, list[int]] = {}
     others = [0] * len(ops)
     for i, (table, key, _op_id) in enumerate(ops):

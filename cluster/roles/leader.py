@@ -82,6 +82,9 @@ class Leader:
         self.admission = Admission(config, state, claims, self.leases, metrics,
                                    release_claims=release_claims, monotonic=monotonic)
         self.batcher: TickBatcher[Op] = TickBatcher(self._lead_now, side=math.inf)
+        # W > 2: a replica that merged a new op is not yet a quorum, so the op goes out staged
+        # (hidden there) and is published once its quorum is known (``replicate``)
+        self.stages = config.quorum > 2
         self.use_ring(ring)
 
     def use_ring(self, ring: Placement) -> None:
@@ -189,7 +192,9 @@ class Leader:
     async def _lead_admitted(self, ops: list[Op]) -> list[int]:
         statuses, own, groups, dup_waits = self._apply_batch(ops)
         if own is not None:
-            waits = [self.replicate(targets, items, own) for targets, items in groups.items()]
+            stage = self.stages
+            waits = [self.replicate(targets, items, own, stage=stage)
+                     for targets, items in groups.items()]
             results = await asyncio.gather(*waits)
             if not all(results):
                 # the ids sent in each group that failed (not the groups the ring would make
@@ -293,45 +298,86 @@ class Leader:
         return targets
 
     def replicate(self, targets: tuple[str, ...], items: list[ItemFields],
-                  own: asyncio.Future[None] | None = None) -> asyncio.Future[bool]:
+                  own: asyncio.Future[None] | None = None, *, stage: bool = False
+                  ) -> asyncio.Future[bool]:
         """True once the op is durable here AND on W-1 other replicas: the leader's own copy is
         required, so an acked op is always in its leader's log (never in a torn tail). ``own``
         is the append of its records, None when they are in the log already (a publication of
         an in-doubt op, ``cluster.roles.settle``). On success the ops are published: visible
         here (``release``) and a PUBLISHED record each.
 
+        ``stage`` (W > 2, a leader's new ops): the copies go out as STAGE frames, which the
+        replicas keep hidden; once W copies are durable the op stands (no check of a retry can
+        pass without one of them), so it is published: visible here, then a REPLICATE of the
+        same items to every target makes it visible there, and the answer is True once W-1 of
+        them acked it too (a quorum read then counts it). A second round, for W > 2 only.
+
         Synchronous on purpose: the ids are registered as in flight before anything else can
         run, so a duplicate arriving meanwhile waits for this outcome."""
         if own is None:
             own = asyncio.get_running_loop().create_future()
             own.set_result(None)
-        remote = [self.links[t].call(Kind.REPLICATE, items) for t in targets]
+        timeout = self.config.quorum_timeout
+        done = quorum_future([own, self._copies(targets, items, stage, timeout)], 2, timeout)
+        inflight = self._inflight
+        op_ids = [item[ITEM_OP_ID] for item in items]
+
+        def stands(f: asyncio.Future[bool]) -> None:
+            if f.result():
+                self.release(op_ids)
+                self.published(items)
+
+        done.add_done_callback(stands)
+        out = done
+        if stage:
+            loop = done.get_loop()
+            out = loop.create_future()
+            deadline = loop.time() + timeout
+            done.add_done_callback(functools.partial(self._publish, targets, items, out,
+                                                     deadline))
+        for op_id in op_ids:
+            inflight[op_id] = out
+
+        def forget(f: asyncio.Future[bool]) -> None:
+            for op_id in op_ids:
+                if inflight.get(op_id) is out:
+                    del inflight[op_id]
+
+        out.add_done_callback(forget)
+        return out
+
+    def _copies(self, targets: tuple[str, ...], items: list[ItemFields], stage: bool,
+                timeout: float) -> asyncio.Future[bool]:
+        """Send ``items`` to every target (REPLICATE, or STAGE); True once W-1 of them (plus
+        one for each member gaining the key in a move) acked."""
+        kind = Kind.STAGE if stage else Kind.REPLICATE
+        remote = [self.links[t].call(kind, items) for t in targets]
         for t, fut in zip(targets, remote, strict=True):
             fut.add_done_callback(functools.partial(self._hint_on_failure, t, items))
         self.metrics.replicated_out += len(items) * len(targets)
-        timeout = self.config.quorum_timeout
         every = quorum_future(remote, len(remote), timeout)
         every.add_done_callback(functools.partial(self._mark_behind, targets, remote))
         # one more copy for each member gaining the key in a move (targets beyond rf - 1): W
         # copies in the old replica set and W in the new one (core/membership.py)
         extra = max(0, len(targets) + 1 - self.ring.rf) if self._moving else 0
-        others = quorum_future(remote, self.config.quorum - 1 + extra, timeout)
-        done = quorum_future([own, others], 2, timeout)
-        inflight = self._inflight
-        op_ids = [item[ITEM_OP_ID] for item in items]
-        for op_id in op_ids:
-            inflight[op_id] = done
+        return quorum_future(remote, self.config.quorum - 1 + extra, timeout)
 
-        def forget(f: asyncio.Future[bool]) -> None:
-            for op_id in op_ids:
-                if inflight.get(op_id) is done:
-                    del inflight[op_id]
-            if f.result():
-                self.release(op_ids)
-                self.published(items)
-
-        done.add_done_callback(forget)
-        return done
+    def _publish(self, targets: tuple[str, ...], items: list[ItemFields],
+                 out: asyncio.Future[bool], deadline: float, staged: asyncio.Future[bool]
+                 ) -> None:
+        """The staged copies' quorum answered: if it was reached, the ops stand and are
+        published here (``replicate``'s ``stands``) and to the replicas (a REPLICATE of the
+        same items: every pair it carries is published now); ``out`` then follows its W-1
+        acks, within what is left of the quorum timeout. Calls made in one loop turn share a
+        frame per peer, so the publications of a turn's batches go out together."""
+        if out.done():
+            return
+        if not staged.result():
+            out.set_result(False)
+            return
+        left = max(0.0, deadline - staged.get_loop().time())
+        published = self._copies(targets, items, False, left)
+        published.add_done_callback(functools.partial(_follow, out))
 
     def _mark_behind(self, targets: tuple[str, ...], remote: list[asyncio.Future[Any]],
                      all_acked: asyncio.Future[bool]) -> None:
@@ -369,6 +415,11 @@ class Leader:
             if op_id in failed and statuses[i] != _UNAVAILABLE:
                 statuses[i] = _UNAVAILABLE
                 self.metrics.unavailable += 1
+
+
+def _follow(out: asyncio.Future[bool], fut: asyncio.Future[bool]) -> None:
+    if not out.done():
+        out.set_result(fut.result())
 
 
 def _split(fut: asyncio.Future[list[bool]], n: int) -> list[asyncio.Future[bool]]:

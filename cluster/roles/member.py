@@ -46,7 +46,7 @@ __all__ = ["Node", "next_incarnation", "quorum_future"]
 
 APPLY, REPLICA = int(RecordKind.APPLY), int(RecordKind.REPLICA)
 PUBLISHED, WITHDRAW = int(RecordKind.PUBLISHED), int(RecordKind.WITHDRAW)
-DROP = int(RecordKind.DROP)
+DROP, STAGED = int(RecordKind.DROP), int(RecordKind.STAGED)
 _UNAVAILABLE = int(Status.UNAVAILABLE)
 
 log = logging.getLogger("cluster.node")
@@ -356,10 +356,11 @@ class Node:
         with self.state.shards.loading():  # digests: one whole pass after, in steps
             for rec in self.log.replay():
                 kind = rec.kind
-                if kind in (APPLY, REPLICA, WITHDRAW):
-                    # a compensation is no change of the key's (no LAST raised: it is not live)
+                if kind in (APPLY, REPLICA, WITHDRAW, STAGED):
+                    # a compensation is no change of the key's (no LAST raised: it is not live);
+                    # a staged copy stays hidden until a visible pair covers it
                     replay(rec.op_id if kind != WITHDRAW else "", rec.table, rec.key,
-                           rec.origin, rec.p, rec.n, rec.ts)
+                           rec.origin, rec.p, rec.n, rec.ts, rec.delta, staged=kind == STAGED)
                     count += 1
                     if rec.ts > newest:
                         newest = rec.ts
@@ -507,6 +508,11 @@ class Node:
                 self.metrics.stale_ring_refusals += len(body)
                 return False
             return self.replica.on_replicate(body)  # None once durable, False if refused
+        if kind == Kind.STAGE:  # a leader's new op, hidden here until published (W > 2)
+            if self.behind_ring(peer_id):
+                self.metrics.stale_ring_refusals += len(body)
+                return False
+            return self.replica.on_stage(body)
         if kind == Kind.FORWARD:
             if self.behind_ring(peer_id):  # routed by an old ring: the client retries
                 self.metrics.stale_ring_refusals += len(body)

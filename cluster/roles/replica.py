@@ -26,7 +26,7 @@ from cluster.wal import DurableLog, LogRecord, RecordKind, record_fields
 
 log = logging.getLogger("cluster.replica")
 
-REPLICA = int(RecordKind.REPLICA)
+REPLICA, STAGED = int(RecordKind.REPLICA), int(RecordKind.STAGED)
 
 
 def _with_flags(out: asyncio.Future[Any], flags: list[bool], durable: asyncio.Future[Any]
@@ -63,6 +63,7 @@ class Replica:
         self.state, self.log, self.claims, self.metrics = state, log, claims, metrics
         self.clock = clock
         self.batcher: TickBatcher[ItemFields] = TickBatcher(self._replicate_now)
+        self.stage_batcher: TickBatcher[ItemFields] = TickBatcher(self._stage_now)
 
     def on_replicate(self, items: list[ItemFields]) -> asyncio.Future[Any]:
         """Merged with the other REPLICATE frames of this loop turn; resolves once durable:
@@ -72,7 +73,22 @@ class Replica:
         merged.add_done_callback(functools.partial(_frame_reply, done))
         return done
 
+    def on_stage(self, items: list[ItemFields]) -> asyncio.Future[Any]:
+        """A STAGE frame (write quorum above 2): as ``on_replicate``, but each op's pair is
+        merged hidden (``NodeState.stage_items``) and logged as STAGED: nobody sees it here
+        until a visible pair of its origin covers it (its leader's publication)."""
+        merged = self.stage_batcher.submit(items)
+        done = merged.get_loop().create_future()
+        merged.add_done_callback(functools.partial(_frame_reply, done))
+        return done
+
     def _replicate_now(self, items: list[ItemFields]) -> asyncio.Future[Any]:
+        return self._merge_now(items, staged=False)
+
+    def _stage_now(self, items: list[ItemFields]) -> asyncio.Future[Any]:
+        return self._merge_now(items, staged=True)
+
+    def _merge_now(self, items: list[ItemFields], *, staged: bool) -> asyncio.Future[Any]:
         claims = self.claims
         flags = self._fenced(items) if claims or claims.amnesiac() else None
         if flags is not None:
@@ -81,14 +97,31 @@ class Replica:
         if claims:  # the application arrived: the dedup answers for these ops now
             for item in items:
                 claims.applied(item[ITEM_OP_ID])
-        self.state.shards.merge_items(items)
+        if staged:
+            # a floor item (``Leader._restart``) carries no delta of the op: visible as ever
+            hidden = [item for item in items if is_real(item[3])]
+            plain = [item for item in items if not is_real(item[3])] if len(hidden) < len(
+                items) else []
+            self.state.stage_items(hidden)
+            if plain:
+                self.state.shards.merge_visible_items(plain)
+        else:
+            hidden, plain = [], items
+            self.state.shards.merge_visible_items(items)
+            if self.state.staged:  # a publication: the copies it covers are staged no more
+                self.state.published_staged(items)
         self.state.touch(items)
         self.metrics.replicated_in += len(items)
         if not items:
             durable = self.log.append_nowait([])
-        else:
+        elif not hidden:
             durable = self.log.append_columns_nowait(
-                *record_fields(REPLICA, *zip(*items, strict=True)))
+                *record_fields(REPLICA, *zip(*plain, strict=True)))
+        else:
+            if plain:
+                self.log.append_columns_nowait(*record_fields(REPLICA, *zip(*plain, strict=True)))
+            durable = self.log.append_columns_nowait(
+                *record_fields(STAGED, *zip(*hidden, strict=True)))
         if flags is None:
             return durable
         out: asyncio.Future[Any] = durable.get_loop().create_future()

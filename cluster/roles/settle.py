@@ -26,6 +26,7 @@ from cluster.roles.checks import (
     FORGOT,
     HELD,
     IN_DOUBT,
+    STAGED,
     WITHDRAWN,
     consume,
     release_claims,
@@ -140,7 +141,9 @@ def _verdict(node: Node, item: Item, answered: int,
     check) lasts the table's window. So an op in doubt for longer (``_past_memory``) is
     published only if a replica holds our pair of it (our replication reached it: it stands,
     and a duplicate may have been answered for it), and withdrawn once every replica answered
-    without it: "not held" from a replica that may have forgotten proves nothing."""
+    without it: "not held" from a replica that may have forgotten proves nothing. A replica
+    holding our copy staged (STAGED, W > 2) holds our pair of it, hidden: never a reason to
+    withdraw, and a reason to publish."""
     # while a move is under way the member gaining the key was written to (and counted) too
     others = [r for r in node.ring.write_set(item.table, item.key) if r != node.id]
     extra = max(0, len(others) + 1 - node.ring.rf)
@@ -153,7 +156,7 @@ def _verdict(node: Node, item: Item, answered: int,
            for r, (held, checked), entry in answers):
         return "withdraw"
     if _past_memory(node, item):
-        if any(_covers(entry, item) for _, _, entry in answers):
+        if any(held == STAGED or _covers(entry, item) for _, (held, _), entry in answers):
             return "publish"
         return "withdraw" if answered >= len(others) else "wait"
     if answered < len(others) + 1 - node.config.quorum - extra:
@@ -293,6 +296,8 @@ async def settle_all(node: Node, min_age: float = 0.0) -> int:
     """One pass over the keys with in-doubt ops not currently waiting for their quorum (all
     keys at once, each key's ops in order); how many ops remain unpublished."""
     now = node.clock()
+    if node.state.staged:  # staged copies published or withdrawn meanwhile: forgotten
+        node.state.sweep_staged()
     keys = [k for k in node.state.unpublished_keys()
             if any(now - item[ITEM_TS] >= min_age and item[ITEM_OP_ID] not in node.inflight
                    for item in node.state.unpublished(*k))]

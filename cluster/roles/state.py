@@ -17,6 +17,7 @@ from cluster.core.config import NodeConfig
 from cluster.core.entry import LAST, CounterEntry, is_real
 from cluster.core.ops import (
     ITEM_KEY,
+    ITEM_N,
     ITEM_OP_ID,
     ITEM_ORIGIN,
     ITEM_P,
@@ -30,6 +31,7 @@ from cluster.core.shards import ShardStore
 from cluster.core.tables import TableSettings, settings_map
 
 SNAPSHOT_VERSION = 1
+MAX_STAGED = 1_000_000  # staged copies remembered by op id (their pairs stay hidden anyway)
 _OP_TABLE, _OP_KEY, _OP_ID = (Op._fields.index(f) for f in ("table", "key", "op_id"))
 
 
@@ -60,6 +62,10 @@ class NodeState:
         self.pending: dict[str, ItemFields] = {}
         # (table, key, origin) -> its unpublished op ids in the order they were applied
         self._by_key: dict[tuple[str, str, str], dict[str, None]] = {}
+        # Staged copies (write quorum above 2): op id -> the item of another leader's op this
+        # node merged hidden (``ShardStore.stage``), until a visible pair of its origin covers
+        # it. While one is open, HOLDS answers for the op say so (``cluster.roles.checks``).
+        self.staged: dict[str, ItemFields] = {}
         # Ops this node applied and then withdrew (op id -> time): it does not count them, and
         # says so when asked, so the leader whose application stands is never mistaken for it.
         self.withdrawn: dict[str, float] = {}
@@ -164,6 +170,48 @@ class NodeState:
         self.shards.unhide_items(out)
         return out
 
+    # -- staged copies (write quorum above 2) --------------------------------------------------
+
+    def stage_items(self, items: Sequence[ItemFields]) -> None:
+        """Another leader's new ops, merged hidden until published (``ShardStore.stage``)."""
+        self.shards.stage_items(items)
+        staged = self.staged
+        for item in items:
+            staged[item[ITEM_OP_ID]] = item
+        if len(staged) > MAX_STAGED:
+            self.sweep_staged()
+            while len(staged) > MAX_STAGED:  # the oldest: its pair stays hidden regardless
+                del staged[next(iter(staged))]
+
+    def published_staged(self, items: Iterable[ItemFields]) -> None:
+        """REPLICATE items merged visible: the staged copies of those ops from the same origin
+        are published."""
+        staged = self.staged
+        for item in items:
+            got = staged.get(item[ITEM_OP_ID])
+            if got is not None and got[ITEM_ORIGIN] == item[ITEM_ORIGIN]:
+                del staged[item[ITEM_OP_ID]]
+
+    def staged_open(self, op_id: str) -> ItemFields | None:
+        """The item of this node's staged copy of ``op_id`` while no visible pair covers it
+        (its leader has not published or withdrawn it, as far as this node knows); else None."""
+        item = self.staged.get(op_id)
+        if item is None:
+            return None
+        if self.shards.covers(item[ITEM_TABLE], item[ITEM_KEY], item[ITEM_ORIGIN],
+                              item[ITEM_P], item[ITEM_N]):
+            del self.staged[op_id]
+            return None
+        return item
+
+    def sweep_staged(self) -> None:
+        """Forget the staged copies a visible pair covers, and those older than twice the
+        window (every retry of them is refused as expired; their pairs stay hidden)."""
+        old = self.clock() - 2 * self.config.window
+        for op_id, item in list(self.staged.items()):
+            if item[ITEM_TS] < old or self.staged_open(op_id) is None:
+                self.staged.pop(op_id, None)
+
     def set_pending(self, items: Sequence[ItemFields]) -> None:
         """Replace the unpublished ops (a snapshot or a log replay found them)."""
         self.pending, self._by_key = {}, {}
@@ -254,9 +302,13 @@ class NodeState:
         return float(d.window) if d is not None else self.config.window
 
     def replay(self, op_id: str, table: str, key: str, origin: str, p: int, n: int,
-               ts: float) -> None:
-        """Re-apply one logged record: merge the pair, remember the id while its window lasts."""
-        self.shards.merge_pair(table, key, origin, p, n)
+               ts: float, delta: int = 0, *, staged: bool = False) -> None:
+        """Re-apply one logged record: merge the pair (``staged``: hidden, a STAGED record),
+        remember the id while its window lasts."""
+        if staged:
+            self.stage_items([Item(op_id, table, key, origin, p, n, delta, ts)])
+        else:
+            self.shards.merge_pair(table, key, origin, p, n)
         if table in self.ttl_tables and op_id and is_real(origin):
             self.shards.merge_pair(table, key, LAST, int(ts * 1000), 0)
         if op_id:
@@ -283,6 +335,7 @@ class NodeState:
         self.dedups = {table: load(raw, clock=self.clock) for table, raw in data["dedup"].items()}
         self.set_pending(list(data.get("in_doubt", [])))
         self.withdrawn = dict(data.get("withdrawn", {}))
+        self.staged = {item[ITEM_OP_ID]: list(item) for item in data.get("staged", [])}
         self.foreign_since = data.get("foreign_since")
 
     def dedup_bytes(self) -> int:
@@ -314,6 +367,8 @@ class SnapshotCut:
                           if t > now - 2 * state.config.window},
             "foreign_since": state.foreign_since,
         }
+        if state.staged:  # staged copies' ids (their hidden pairs are in the shards' tail)
+            self._head["staged"] = [tuple(item) for item in state.staged.values()]
         # one consistent copy of each dedup, as the parts of its ``to_bytes`` (a 16 MB filter's
         # words copied once, not packed and re-packed on the loop)
         self._dedup = {table: _dedup_parts(d) for table, d in state.dedups.items()}

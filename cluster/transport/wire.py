@@ -63,6 +63,11 @@ class Kind(IntEnum):
     # [[key, {origin: [p, n]}], ...] in (leaf, key) order, "more": bool}]; or [{"tables": true}]
     # -> [[table, ...]] (cluster/roles/scans.py)
     SCAN = 12
+    # STAGE body: REPLICATE's items -> None once durable, False if some were refused: a copy
+    # of a leader's new op kept hidden until a visible pair covers it (write quorum above 2:
+    # cluster/roles/leader.py, then a REPLICATE of the same items publishes it). A node that
+    # does not know the kind answers an ERROR ("unknown peer frame kind"): no copy counted
+    STAGE = 13
     REPLY = 100
     ERROR = 101
 

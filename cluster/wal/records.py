@@ -50,6 +50,7 @@ class RecordKind(IntEnum):
     PUBLISHED = 3  # op known to be replicated to a quorum
     WITHDRAW = 4
     DROP = 5  # the key left this node's store (handed off, or a tombstone collected)
+    STAGED = 6  # a peer's copy merged hidden (write quorum above 2: ``ShardStore.stage``)
 
 
 class LogRecord(NamedTuple):
