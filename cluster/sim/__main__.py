@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=6)
     ap.add_argument("--keys", type=int, default=4)
     ap.add_argument("--faults", default=",".join(DEFAULT_FAULTS),
-                    help=f"any of {','.join(FAULTS)} (default: all but skew and membership), "
-                         "or none")
+                    help=f"any of {','.join(FAULTS)} (default: all but skew, clock and "
+                         "membership), or none")
     ap.add_argument("--mix", default="",
                     help="the op mix, NAME=SHARE,... of "
                          + ",".join(f"{k} (default {v:g})" for k, v in MIX.items())

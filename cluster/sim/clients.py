@@ -26,6 +26,22 @@ from cluster.transport.wire import Status
 TABLE = "t"
 TTL_TABLE = "e"  # the table with a ttl (``Workload.ttl``)
 _OK = {int(Status.APPLIED): False, int(Status.DUPLICATE): True}  # status -> duplicate
+_BEST = (int(Status.APPLIED), int(Status.DUPLICATE), int(Status.EXPIRED))
+
+
+def _preference(status: int) -> int:
+    """Of two answers to one op, the one that says most: applied, duplicate, expired, other."""
+    return _BEST.index(status) if status in _BEST else len(_BEST)
+
+
+async def _answer(call: Coroutine[Any, Any, Any]) -> Any:
+    """A call's answer, or its error (timeout, refused, reset, a node error) as a value."""
+    try:
+        return await call
+    except Exception as exc:  # noqa: BLE001 - the caller reads it as 503
+        return exc
+
+
 MAX_PAGES = 100  # a scan that has not ended after this many pages fails
 
 
@@ -42,6 +58,7 @@ class Workload:
     delete_ratio: float = 0.0
     multiget_ratio: float = 0.0
     scan_ratio: float = 0.0
+    hedge_ratio: float = 0.0  # adds whose first attempt goes to two nodes at once
     ttl: float | None = None  # seconds: TTL_TABLE's ttl, set before the clients start
     ttl_ratio: float = 0.3
     ttl_keys: int = 8  # more keys than the first table: each is written less often
@@ -85,8 +102,10 @@ class Client:
                 await self.write("delete", table, key, None)
             elif (r := r - w.delete_ratio) < w.multiget_ratio:
                 await self.multiget()
-            elif r - w.multiget_ratio < w.scan_ratio:
+            elif (r := r - w.multiget_ratio) < w.scan_ratio:
                 await self.scan(table)
+            elif r - w.scan_ratio < w.hedge_ratio:
+                await self.write("add", table, key, rng.choice((1, 2, 3, 5, -1, 10)), hedge=True)
             else:
                 await self.write("add", table, key, rng.choice((1, 1, 2, 3, 5, -1, 10)))
 
@@ -99,24 +118,19 @@ class Client:
             node, epoch = host.node, host.epoch
             if node is None or not host.up:
                 raise ConnectionError("connection refused")
-            try:
-                result = await coro_fn(node)
-            except asyncio.CancelledError:
-                # the node crashed under the request (``World.crash`` cancels its work): the
-                # client sees its connection reset; a cancel of this request itself goes on
-                task = asyncio.current_task()
-                if host.epoch == epoch or (task is not None and task.cancelling()):
-                    raise
-                raise ConnectionError("connection reset: the node crashed") from None
+            result = await host.call(coro_fn(node))  # frozen and cancelled with the node
             if host.epoch != epoch:
                 raise ConnectionError("connection reset")
             return result
 
         return await asyncio.wait_for(attempt(), self.work.timeout)
 
-    async def write(self, f: str, table: str, key: str, delta: int | None) -> None:
+    async def write(self, f: str, table: str, key: str, delta: int | None,
+                    hedge: bool = False) -> None:
         """An add (``delta``) or a delete (``delta`` None): the same op id at every attempt,
-        at another node after a timeout or a 503."""
+        at another node after a timeout or a 503. ``hedge``: the first attempt is sent to two
+        nodes at once, both as first attempts (what a client that hedges its requests, not the
+        SDK, does); the better answer counts."""
         loop = asyncio.get_running_loop()
         self.seq += 1
         op_id, start = f"c{self.cid}:{self.seq}", loop.time()
@@ -140,11 +154,14 @@ class Client:
                     return await node.delete([op], born)
                 return await node.submit([op], born)
 
-            try:
-                statuses = await self._call(self.world.hosts[nid], attempt_at)
-            except Exception:  # noqa: BLE001 - timeout, refused, reset, a node error
-                statuses = [int(Status.UNAVAILABLE)]
-            status = int(statuses[0])
+            calls = [self._call(self.world.hosts[nid], attempt_at)]
+            if hedge and attempt == 1:
+                other = self.rng.choice([n for n in ids if n != nid])
+                calls.append(self._call(self.world.hosts[other], attempt_at))
+            answers = (await asyncio.gather(*calls, return_exceptions=True) if len(calls) > 1
+                       else [await _answer(calls[0])])  # (one call: no task around it)
+            status = min((int(a[0]) for a in answers if not isinstance(a, BaseException)),
+                         key=_preference, default=int(Status.UNAVAILABLE))
             if status in _OK:
                 outcome = _OK[status]
                 break

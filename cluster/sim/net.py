@@ -10,13 +10,14 @@ frame from the net's seeded ``random.Random``:
     duplicate  the frame arrives twice (the handler runs twice; a second reply is ignored)
     partition  ``blocked`` directed pairs: frames vanish silently, as into a black hole
     crash      calls to a node that is down fail at once; its open calls fail (connection lost)
-    pause      frames to a paused node wait in its inbox, frames from it in its outbox; both
-               are delivered, stale, when it resumes
+    pause      the node is frozen whole (``cluster.sim.loop``); frames to it wait in its inbox
+               and are delivered, stale, when it resumes
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import random
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
@@ -26,6 +27,7 @@ from typing import Any, Protocol
 import msgpack
 
 from cluster.core.errors import PeerError
+from cluster.sim.loop import run_as
 from cluster.transport.peer import Waiter, refusal, resolve_waiters
 from cluster.transport.wire import Kind
 
@@ -36,6 +38,7 @@ class Host(Protocol):
     id: str
     up: bool
     paused: bool
+    held: list[Any]
     epoch: int
     inbox: list[Callable[[], None]]
     outbox: list[tuple[str, Callable[[], None]]]
@@ -86,7 +89,9 @@ class SimNet:
             delay = self.rng.uniform(lo, hi)
             if self.rng.random() < self.faults.delay:
                 delay += self.rng.expovariate(1 / self.faults.delay_mean)
-            loop.call_later(delay, self._arrive, src, dst, deliver)
+            # on the wire: its own callback, owned by no machine (a freeze of the sender
+            # does not hold a frame that left)
+            loop.call_later(delay, self._arrive, src, dst, deliver, context=contextvars.Context())
 
     def _arrive(self, src: str, dst: str, deliver: Callable[[], None]) -> None:
         if (src, dst) in self.blocked:
@@ -96,7 +101,7 @@ class SimNet:
         if host.paused:
             host.inbox.append(deliver)
         else:
-            deliver()
+            run_as(host, deliver)
 
     def send(self, src: str, dst: str, deliver: Callable[[], None]) -> None:
         """A frame leaves ``src``: held in its outbox while ``src`` is paused."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import time
 from collections.abc import Iterator
@@ -21,6 +22,8 @@ from cluster.core import store_kernel
 from cluster.core.entry import FLOOR, LAST
 from cluster.core.membership import Membership
 from cluster.core.shards import ShardStore
+from cluster.roles import checks
+from cluster.roles.admission import Admission
 from cluster.roles.member import Node
 from cluster.roles.replica import Replica
 from cluster.sim.clients import TTL_TABLE, History, Workload, client_tasks, final_reads
@@ -32,13 +35,17 @@ from cluster.sim.world import Host, World
 # torn: half the crashes land right after a log append is queued and before its fsync, and a
 # crash leaves the unsynced tail lost, torn or corrupt (``World._tear``)
 DEFAULT_FAULTS = ("drop", "delay", "duplicate", "partition", "crash", "pause", "torn")
-# opt-in: skew, each node's wall clock offset and drift; membership, joins, decommissions and
-# replacements of dead members (one change at a time; spare machines to join)
-FAULTS = (*DEFAULT_FAULTS, "skew", "membership")
+# opt-in: skew, each node's wall clock offset and drift; clock, a node's wall clock steps
+# forward or back (within max_clock_skew or beyond it) and is stepped back later, as NTP does;
+# membership, joins, decommissions and replacements of dead members (one change at a time;
+# spare machines to join)
+FAULTS = (*DEFAULT_FAULTS, "skew", "clock", "membership")
 SPARES = 3  # machines a run with the membership fault may add
-BREAKS = ("dedup", "hide", "floors")  # test-only switches that must make the checker fail
+# test-only switches that must make the checker fail
+BREAKS = ("dedup", "hide", "floors", "lease", "limits")
 # the op mix's shares (``--mix``): adds take the rest
-MIX = {"read": 0.2, "delete": 0.0, "multiget": 0.0, "scan": 0.0}
+# hedge: adds whose first attempt goes to two nodes at once (a client that hedges, not the SDK)
+MIX = {"read": 0.2, "delete": 0.0, "multiget": 0.0, "scan": 0.0, "hedge": 0.0}
 # with deletes or a ttl: a short grace, so that tombstones are collected within a run (the
 # config requires more than window + 2 * max_clock_skew, 12 s), and a sweep pass every second.
 # Without them the sweep has nothing to do, and the defaults keep the timers (so the histories)
@@ -112,7 +119,8 @@ class _Nemesis:
 
     def __init__(self, world: World, rng: random.Random, faults: tuple[str, ...]) -> None:
         self.world, self.rng = world, rng
-        self.kinds = [f for f in ("partition", "crash", "pause", "membership") if f in faults]
+        self.kinds = [f for f in ("partition", "crash", "pause", "clock", "membership")
+                      if f in faults]
         self.mid_write = "torn" in faults
         self.cuts: list[set[tuple[str, str]]] = []
         self.trace: list[str] = []
@@ -152,13 +160,25 @@ class _Nemesis:
         host = w.hosts[rng.choice(ids)]
         if host.node is None or host.paused:
             return
-        if kind == "crash":
+        if kind == "clock":
+            skew = host.config.max_clock_skew
+            step = rng.choice((-1, 1)) * skew * (rng.uniform(0.2, 0.9) if rng.random() < 0.5
+                                                 else rng.uniform(1.5, 4.0))
+            host.skew += step
+            host.worst = max(host.worst, abs(host.skew))
+            self.note(f"clock {host.id} {step:+.2f}s for {hold:.2f}s")
+            await asyncio.sleep(hold)
+            host.skew -= step
+            self.note(f"clock {host.id} back")
+        elif kind == "crash":
             how = await self.crash(host)
             self.note(f"crash {host.id}{how} for {hold:.2f}s")
             await asyncio.sleep(hold)
             w.restart(host)
             self.note(f"restart {host.id}")
         else:
+            if rng.random() < 0.2:  # now and then longer than the window (a VM stolen, a GC)
+                hold = rng.uniform(1.0, 1.5) * host.config.window
             w.pause(host)
             self.note(f"pause {host.id} for {hold:.2f}s")
             await asyncio.sleep(hold)
@@ -200,16 +220,29 @@ class _Nemesis:
         try:
             if node is None or not claimant.up:
                 raise ConnectionError(f"claimant {claimant.id} is down")
-            got = await asyncio.wait_for(node.changes.change(req), 10.0)
-        except Exception as exc:  # noqa: BLE001 - refused or lost: the cluster is unchanged
+            got = await asyncio.wait_for(claimant.call(node.changes.change(req)), 10.0)
+        except Exception as exc:  # noqa: BLE001 - refused, or lost on the way
             self.note(f"membership change failed: {exc!r}")
-            if what == "replace":  # nobody took its place: it was not dead after all
-                w.unretire(w.hosts[victim])
-            return
-        new = Membership.from_wire(got)
+            new = self.made(spare.id if spare is not None else "")
+            if new is None:  # the cluster is unchanged
+                if what == "replace":  # nobody took its place: it was not dead after all
+                    w.unretire(w.hosts[victim])
+                return
+            self.note("the operator reads /v1/ring: the change was made")
+        else:
+            new = Membership.from_wire(got)
         self.note(f"membership version {new.version}: {new.moves()}")
         if what in ("join", "replace") and spare is not None:
             w.join(spare, new)
+
+    def made(self, joiner: str) -> Membership | None:
+        """The newest membership any disk holds, if ``joiner`` is in it: a change whose answer
+        was lost (its claimant crashed after writing it) that the operator finds made."""
+        rings = [h.disk.ring for h in self.world.hosts.values() if h.disk.ring is not None]
+        newest = max(rings, key=lambda m: m.version, default=None)
+        if joiner and newest is not None and newest.get(joiner) is not None:
+            return newest
+        return None
 
     async def crash(self, host: Host) -> str:
         """Crash ``host`` now, or (half the time) right after its next log append is queued
@@ -303,7 +336,8 @@ def _workload(opts: Options) -> Workload:
     share = opts.shares()
     return Workload(clients=opts.clients, ops=opts.ops, keys=opts.keys,
                     read_ratio=share["read"], delete_ratio=share["delete"],
-                    multiget_ratio=share["multiget"], scan_ratio=share["scan"], ttl=opts.ttl)
+                    multiget_ratio=share["multiget"], scan_ratio=share["scan"],
+                    hedge_ratio=share["hedge"], ttl=opts.ttl)
 
 
 async def _set_ttl(world: World, table: str, ttl: float, limit: float) -> None:
@@ -318,8 +352,9 @@ async def _set_ttl(world: World, table: str, ttl: float, limit: float) -> None:
             return
         if not asked and nodes:
             try:
-                await asyncio.wait_for(nodes[0].changes.change(
-                    {"change": "table", "name": table, "ttl_s": ttl}), 10.0)
+                host = world.hosts[nodes[0].id]
+                await asyncio.wait_for(host.call(nodes[0].changes.change(
+                    {"change": "table", "name": table, "ttl_s": ttl})), 10.0)
                 asked = True
             except Exception:  # noqa: BLE001 - nothing changed: ask again
                 pass
@@ -335,8 +370,8 @@ def margins(world: World, virtual: float) -> tuple[float, float]:
     acknowledged can still be applied: its window (births are checked against it) plus that
     margin."""
     config = next(iter(world.hosts.values())).config
-    offset = max((abs(h.skew) + abs(h.drift) * virtual for h in world.hosts.values()),
-                 default=0.0)
+    offset = max((max(h.worst, abs(h.skew)) + abs(h.drift) * virtual
+                  for h in world.hosts.values()), default=0.0)
     margin = config.max_clock_skew + offset
     return margin, config.window + margin
 
@@ -370,7 +405,17 @@ def _broken(breaks: tuple[str, ...]) -> Iterator[None]:
     ``floors``: the floor pairs of deletes (origins ``~<origin>``) reach a replica only in the
     delete's own REPLICATE frame: read repair, anti-entropy, a move's hand-off and the other
     REPAIRs (``Replica.on_repair``) and hinted handoff (``Replica.shareable``) drop them. A
-    replica that missed the delete keeps the pairs it removed, and shows them again."""
+    replica that missed the delete keeps the pairs it removed, and shows them again.
+    ``lease``: a checker's lease never runs out (``checks.lease`` infinite): a leader frozen
+    between its check and its apply applies on waking, whatever happened meanwhile.
+    ``limits``: a leader never refuses an op past its time limit (``Admission.before_apply``
+    drops them): a leader frozen with an op it received applies it on waking, however late."""
+    saved_lease, before_apply = checks.lease, Admission.before_apply
+    if "lease" in breaks:
+        checks.lease = lambda node, table: math.inf
+    if "limits" in breaks:
+        Admission.before_apply = (  # type: ignore[method-assign]
+            lambda self, ops, limits=None: before_apply(self, ops, None))
     names = ("hide", "apply_hidden", "apply_hidden_items")
     saved = [ShardStore.__dict__[name] for name in names]
     replica = [(name, Replica.__dict__[name]) for name in ("on_repair", "shareable")]
@@ -398,6 +443,8 @@ def _broken(breaks: tuple[str, ...]) -> Iterator[None]:
             setattr(ShardStore, name, method)
         for name, method in replica:
             setattr(Replica, name, method)
+        checks.lease = saved_lease
+        Admission.before_apply = before_apply  # type: ignore[method-assign]
 
 
 def run_seed(opts: Options) -> Result:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import random
 from collections.abc import Callable, Coroutine
@@ -16,10 +17,11 @@ from cluster.roles.antientropy import antientropy_loop
 from cluster.roles.expiry import expiry_loop
 from cluster.roles.failure import heartbeat_loop
 from cluster.roles.member import Node
-from cluster.roles.membership import depart, move_loop
+from cluster.roles.membership import VoteStore, depart, move_loop
 from cluster.roles.settle import settle_loop
 from cluster.roles.shed import shed_loop
 from cluster.sim.disk import SimDisk, SimLog
+from cluster.sim.loop import Held, owned, run_as, thaw
 from cluster.sim.net import SimLink, SimNet
 from cluster.transport.peer import PeerLink
 from cluster.wal import DurableLog
@@ -37,9 +39,11 @@ class Host:
         self.disk = SimDisk(node_id)
         self.node: Node | None = None
         self.up = False  # a node instance listens (after recover(), as the real server)
-        self.paused = False
+        self.paused = False  # frozen whole (SIGSTOP): its callbacks wait in ``held``
+        self.held: list[Held] = []
         self.epoch = 0  # bumped at every start and crash: stale frames are told apart
-        self.skew = 0.0  # this machine's wall clock offset (seconds)
+        self.skew = 0.0  # this machine's wall clock offset (seconds); a clock jump moves it
+        self.worst = 0.0  # the largest offset it reached (the checker's margin)
         self.drift = 0.0  # and how fast it runs ahead (+) or behind (-): seconds per second
         self.inbox: list[Callable[[], None]] = []
         self.outbox: list[tuple[str, Callable[[], None]]] = []
@@ -48,10 +52,24 @@ class Host:
         self.retired = False  # left the cluster (or was replaced): never started again
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        task = asyncio.ensure_future(coro)
+        """Run ``coro`` as this machine's work: frozen with it, cancelled by its crash."""
+        task = asyncio.get_running_loop().create_task(coro, context=owned(self))
         self.tasks[task] = None
         task.add_done_callback(lambda t: self.tasks.pop(t, None))
         return task
+
+    async def call(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """``coro`` run as a request to this machine: its work (``spawn``); a crash under it
+        resets the caller's connection (``ConnectionError``), as a cancel of the caller still
+        cancels it."""
+        epoch = self.epoch
+        try:
+            return await self.spawn(coro)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self.epoch == epoch or (task is not None and task.cancelling()):
+                raise
+            raise ConnectionError("connection reset: the node crashed") from None
 
 
 class World:
@@ -112,6 +130,9 @@ class World:
 
     def boot(self, host: Host) -> None:
         """Start a node instance on ``host`` from what its disk kept."""
+        run_as(host, self._boot, host)
+
+    def _boot(self, host: Host) -> None:
         host.epoch += 1
         loop = asyncio.get_running_loop()
         cfg = host.config
@@ -122,7 +143,8 @@ class World:
                     log=cast(DurableLog, SimLog(host.disk)),
                     incarnation=host.disk.next_incarnation, members=ms,
                     dial=lambda pid: cast(PeerLink, SimLink(self.net, host, pid)),
-                    keep_ring=lambda kept: setattr(host.disk, "ring", kept))
+                    keep_ring=lambda kept: setattr(host.disk, "ring", kept),
+                    votes=VoteStore.kept_on(host.disk))
         host.node = node
         host.spawn(self._serve(host, node))
 
@@ -170,6 +192,7 @@ class World:
         tasks = list(host.tasks)
         for task in tasks:
             task.cancel()
+        thaw(host)  # a frozen node's held steps run, to end their cancelled tasks
         _reap(tasks)
         if self.disk_rng is not None:
             cast(SimLog, host.node.log).abort(self._tear)
@@ -200,20 +223,24 @@ class World:
             self.boot(host)
 
     def pause(self, host: Host) -> None:
+        """SIGSTOP: the node's loop, timers and tasks stop; frames to it queue."""
         if host.node is not None:
             host.paused = True
 
     def resume(self, host: Host) -> None:
-        """SIGCONT: the frames that waited are delivered now, stale."""
+        """SIGCONT: what came due meanwhile runs first, late (the node acts on what it believed
+        before the freeze), then the frames that waited are delivered, stale."""
         if not host.paused:
             return
         host.paused = False
+        thaw(host)
         inbox, outbox = host.inbox, host.outbox
         host.inbox, host.outbox = [], []
         for dst, deliver in outbox:
             self.net.transmit(host.id, dst, deliver)
+        loop = asyncio.get_running_loop()
         for deliver in inbox:
-            deliver()
+            loop.call_soon(run_as, host, deliver, context=contextvars.Context())
 
     def heal(self) -> None:
         self.net.blocked.clear()
