@@ -61,14 +61,16 @@ class Node:
                  incarnation: Callable[[], int] | None = None,
                  members: Membership | None = None,
                  dial: Callable[[str], PeerLink] | None = None,
-                 keep_ring: Callable[[Membership], None] | None = None) -> None:
+                 keep_ring: Callable[[Membership], None] | None = None,
+                 votes: membership.VoteStore | None = None) -> None:
         """``clock`` (wall) and ``monotonic`` are every clock the roles read; ``links``, ``log``
         and ``incarnation`` (the counter ``recover`` bumps) replace the TCP links, the log
         directory and the incarnation file when given (the simulator, ``cluster.sim``).
         ``members``: the membership to start from; else the data directory's ring file
         (``cluster.roles.membership``) or, for a new cluster, ``--peers`` (version 1).
         ``dial`` (a link to a new member) and ``keep_ring`` (store a membership durably)
-        replace the TCP link and the ring file (the simulator)."""
+        replace the TCP link and the ring file (the simulator), ``votes`` the acceptor state
+        file (``votes.json``)."""
         self.config = config
         self.id = config.node_id
         self.clock = clock
@@ -128,7 +130,8 @@ class Node:
         self.coordinator = Coordinator(self.id, config, self.ring, self.links, self.metrics,
                                        lead=self.lead, is_live=lambda: self.is_live,
                                        clock=clock, lead_deletes=self.lead_deletes)
-        self.changes = membership.Changes(self)
+        self.changes = membership.Changes(
+            self, votes if votes is not None else membership.VoteStore(self._data_dir))
         self.metrics.ring_version = self.membership.version
 
     def _dial(self, config: NodeConfig) -> dict[str, PeerLink]:

@@ -1,21 +1,32 @@
-"""Elastic membership, the node's part: the ring file, RING frames, the claimant that issues
-versions, the driver that finishes a move, and what a joining or departing node does.
+"""Elastic membership, the node's part: the ring file, RING frames, the agreement on each
+version (single-decree Paxos, ``cluster.core.paxos``), the driver that finishes a move, and
+what a joining or departing node does.
 
-Agreement (docs/membership.md): one member issues versions, the *claimant* (the lowest normal
-id; ``Membership.claimant``). Every change goes to it (any member forwards), it applies one at
-a time under a lock, writes the new version to its disk, then pushes it to every member. A
-member installs a version only if it is newer than its own, writes it durably first, and
-carries its version in every heartbeat both ways, so one that missed a push pulls the ring from
-the first peer that shows a newer one. Writes from a peer known to be behind are refused
-(``Node.behind_ring``); the sender learns the ring at its next heartbeat and the op is retried
-with the same id.
+Agreement (docs/membership.md): a change is proposed by the *claimant* (the lowest normal id;
+``Membership.claimant``; any member forwards to it while it is live, and proposes itself when
+it is not). Version v + 1 is one Paxos instance among the voters of version v (normal and
+leaving members): prepare / promise, then accept / accepted, each acceptor writing its promise
+or acceptance durably (``votes.json``) before it answers. Only a value chosen by a majority is
+installed, pushed to every member and answered; a proposer that finds no majority answers
+``NoMajority`` and installs nothing. A member installs a version only if it is newer than its
+own (every installed version was chosen), writes it durably first, and carries its version in
+every heartbeat both ways, so one that missed a push pulls the ring from the first peer that
+shows a newer one. Writes from a peer known to be behind are refused (``Node.behind_ring``);
+the sender learns the ring at its next heartbeat and the op is retried with the same id.
 
 RING frame items (peer traffic: signed like REPLICATE, so a client cannot change membership):
 
     {"op": "get"}                                   -> the membership (``to_wire``)
     {"op": "install", "ring": {...}}                -> this node's version after
-    {"op": "change", "change": "join"|"leave"|"replace"|"finish"|"abort", "id", "addr"?,
+    {"op": "change", "change": "join"|"leave"|"replace"|"table", "id", "addr"?,
      "replaces"?}                                   -> the membership after the change
+    {"op": "prepare", "version": v, "ballot": [round, id]}
+                                                    -> a promise (``Promise.to_wire``), or
+                                                       {"installed": ring} when this node
+                                                       holds version v or newer already
+    {"op": "accept", "version": v, "ballot": [round, id], "value": ring}
+                                                    -> {"ok": bool, "promised": [round, id]}
+                                                       or {"installed": ring}
     {"op": "sync", "version": v}                    -> True once this node has exchanged
                                                        entries with every live member
 """
@@ -32,6 +43,16 @@ from typing import Any, Protocol
 from cluster.core.config import NodeConfig, parse_hostport
 from cluster.core.errors import ConfigError, Departed
 from cluster.core.membership import LEFT, Membership, MembershipError
+from cluster.core.paxos import (
+    NoMajority,
+    Promise,
+    Proposal,
+    Slot,
+    ballot_of,
+    majority,
+    next_ballot,
+    voters,
+)
 from cluster.core.tables import TableError, TableSettings
 from cluster.roles import antientropy, settle
 from cluster.transport.peer import PeerLink
@@ -56,6 +77,8 @@ class Node(Protocol):
     metrics: Any
 
     def install(self, ms: Membership) -> bool: ...
+
+    def saw_ring(self, peer: str, version: Any) -> None: ...
 
     def is_live(self, node: str) -> bool: ...
 
@@ -130,17 +153,68 @@ def view(node: Node) -> dict[str, Any]:
 
 # -- RING frames ---------------------------------------------------------------------------
 
-class Changes:
-    """The claimant's side: one change at a time (``lock``), pushed to every member."""
+VOTES_FILE = "votes.json"
 
-    def __init__(self, node: Node) -> None:
+
+class VoteStore:
+    """Where this node's acceptor states (``Slot`` by version number) are kept durably: the
+    data directory's ``votes.json`` (written like the ring file: temp file, fsync, rename), or,
+    with no directory (the simulator), memory that the caller keeps beside its disk."""
+
+    def __init__(self, data_dir: Path | None = None) -> None:
+        self.path = data_dir / VOTES_FILE if data_dir is not None else None
+        self.slots: dict[int, Slot] = {}
+        if self.path is not None and self.path.exists():
+            try:
+                data = json.loads(self.path.read_text())
+                self.slots = {int(v): Slot.from_wire(s) for v, s in data.items()}
+            except (ValueError, AttributeError, MembershipError) as exc:
+                raise ConfigError(f"data_dir: {self.path} is not an acceptor state ({exc})"
+                                  ) from exc
+
+    @classmethod
+    def kept_on(cls, holder: Any) -> VoteStore:
+        """The store kept as ``holder.votes``, made at first use: the simulator keeps it on a
+        machine's disk, which outlives the node instances started on it."""
+        store = getattr(holder, "votes", None)
+        if not isinstance(store, cls):
+            store = cls()
+            setattr(holder, "votes", store)  # noqa: B010 - any holder
+        return store
+
+    def get(self, version: int) -> Slot:
+        return self.slots.get(version, Slot())
+
+    def put(self, version: int, slot: Slot, installed: int) -> None:
+        """Keep ``slot`` for ``version`` durably (before the answer that depends on it);
+        versions up to ``installed`` are decided, and forgotten."""
+        if self.slots.get(version) == slot:
+            return
+        self.slots = {v: s for v, s in self.slots.items() if v > installed}
+        self.slots[version] = slot
+        if self.path is not None:
+            write_durably(self.path, json.dumps(
+                {str(v): s.to_wire() for v, s in self.slots.items()}, sort_keys=True) + "\n")
+
+
+PROPOSE_ATTEMPTS = 4  # times a change is applied again on top of another proposer's value
+AGREE_BUDGET = 4  # quorum timeouts a proposer tries to complete a version it sent accepts for
+
+
+class Changes:
+    """The RING frames' handler: a member's acceptor for each version, and the proposer side
+    of the claimant (or of whoever issues a change): one change at a time (``lock``), agreed
+    by a majority of the voters, then pushed to every member."""
+
+    def __init__(self, node: Node, votes: VoteStore | None = None) -> None:
         self.node = node
         self.lock = asyncio.Lock()
+        self.votes = votes if votes is not None else VoteStore()
 
     async def on_ring(self, peer: str, items: list[Any]) -> list[Any]:
-        return [await self._one(item) for item in items]
+        return [await self._one(peer, item) for item in items]
 
-    async def _one(self, item: Any) -> Any:
+    async def _one(self, peer: str, item: Any) -> Any:
         node = self.node
         if not isinstance(item, dict):
             raise MembershipError("RING item must be a map")
@@ -150,6 +224,8 @@ class Changes:
         if op == "install":
             node.install(Membership.from_wire(item.get("ring")))
             return node.membership.version
+        if op in ("prepare", "accept"):
+            return self.vote(peer, item)
         if op == "change":
             if item.get("change") not in ("join", "leave", "replace", "table"):  # finish is the
                 # driver's own, after the hold: asked for early, it would break the guarantee
@@ -162,36 +238,184 @@ class Changes:
             return node.state.shards.last_incarnation(str(item.get("id", "")))
         raise MembershipError(f"unknown RING op {op!r}")
 
+    # -- the acceptor --------------------------------------------------------------------
+
+    def vote(self, peer: str, item: dict[str, Any]) -> dict[str, Any]:
+        """Answer a prepare or an accept for one version, the new state written durably
+        first. A version this node installed already was chosen: the answer is its ring."""
+        node = self.node
+        version, ballot = item.get("version"), ballot_of(item.get("ballot"))
+        if type(version) is not int:
+            raise MembershipError(f"not a version: {version!r}")
+        installed = node.membership.version
+        if version <= installed:
+            return {"installed": node.membership.to_wire()}
+        if version > installed + 1 and peer != node.id:
+            node.saw_ring(peer, version - 1)  # the proposer holds a version we missed
+        slot = self.votes.get(version)
+        if item["op"] == "prepare":
+            slot, promise = slot.prepare(ballot)
+            self.votes.put(version, slot, installed)
+            return promise.to_wire()
+        value = item.get("value")
+        Membership.from_wire(value)  # a membership, or refused before anything is kept
+        slot, ok = slot.accept(ballot, value)
+        self.votes.put(version, slot, installed)
+        return {"ok": ok, "promised": list(slot.promised)}
+
+    # -- the proposer --------------------------------------------------------------------
+
     async def change(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Apply ``req`` here if this node is its claimant, else hand it to the claimant."""
+        """Hand ``req`` to its claimant while that one is live, else propose it here."""
         node = self.node
         subject = str(req.get("replaces") or req.get("id") or "")
         claimant = node.membership.claimant(subject, node.is_live)
-        if claimant != node.id:
-            link = node.links.get(claimant)
-            if link is None:
-                raise MembershipError(f"claimant {claimant} is not reachable from {node.id}")
+        link = node.links.get(claimant)
+        if claimant != node.id and link is not None and node.is_live(claimant):
             got = (await asyncio.wait_for(link.call(Kind.RING, [{**req, "op": "change"}]),
-                                          4 * node.config.quorum_timeout))[0]
+                                          8 * node.config.quorum_timeout))[0]
             node.install(Membership.from_wire(got))
             return got
         return await self.apply(req)
 
     async def apply(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Apply ``req`` to this node's membership (as its claimant), install the new version
-        and push it to every member; a request already applied (a joiner asking again after a
-        lost answer) changes nothing."""
+        """Apply ``req`` to this node's membership, have a majority of its voters agree on
+        the next version, install it and push it to every member; a request already applied
+        (a joiner asking again after a lost answer) changes nothing. When another proposer's
+        value took the version, ``req`` is applied again on top of it (and refused if that
+        one is a move under way)."""
         node = self.node
         async with self.lock:
-            ms = node.membership
-            new = _apply(ms, req, node.clock())
-            if new is ms:
-                return ms.to_wire()
-            node.install(new)
+            for _ in range(PROPOSE_ATTEMPTS):
+                ms = node.membership
+                new = _apply(ms, req, node.clock())
+                if new is ms:
+                    return ms.to_wire()
+                chosen = await self.agree(ms, new)
+                if chosen == new:
+                    break
+            else:
+                raise NoMajority(f"the membership kept changing under {_describe(req)}: "
+                                 f"change not made, ask again")
             log.info("membership version %d: %s", new.version, _describe(req),
                      extra={"fields": {"version": new.version, "change": req.get("change")}})
         await push(node, new)
         return new.to_wire()
+
+    async def agree(self, base: Membership, new: Membership) -> Membership:
+        """Single-decree Paxos for version ``new.version`` among the voters of ``base``: the
+        chosen membership (``new``, or a value another proposer had accepted), installed
+        here. ``NoMajority`` when no majority answered: at once when no value was accepted
+        for the version anywhere we heard of (nothing can take effect from this attempt),
+        else after trying to complete it for ``AGREE_BUDGET`` quorum timeouts."""
+        node = self.node
+        version, who = new.version, voters(base)
+        seen = [self.votes.get(version).promised]
+        qt = node.config.quorum_timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + AGREE_BUDGET * qt
+        sent_accept = False
+        attempt = 0
+        while True:
+            if attempt:  # a competing proposer, or a majority out of reach: the lower ids
+                # retry first (no random draw: the simulator replays a seed byte for byte)
+                rank = (sorted(who).index(node.id) + 1) / len(who) if node.id in who else 1.0
+                await asyncio.sleep(max(0.0, min(rank * qt, deadline - loop.time())))
+            attempt += 1
+            prop = Proposal(next_ballot(seen, node.id), new.to_wire(), who)
+            ballot = list(prop.ballot)
+            answers = await self._ask(who, {"op": "prepare", "version": version,
+                                            "ballot": ballot}, 2 * qt, prop.needed)
+            if (done := self._decided(answers, version)) is not None:
+                return done
+            promises = {voter: Promise.from_wire(a) for voter, a in answers.items()}
+            for voter, promise in promises.items():
+                prop.promised(voter, promise)
+            seen += prop.higher()
+            pending = sent_accept or any(p.value is not None for p in promises.values())
+            if not prop.prepared:
+                if not pending and not prop.refused_by or loop.time() >= deadline:
+                    raise self._no_majority(who, answers, version, pending)
+                continue
+            value = prop.value()
+            sent_accept = True
+            answers = await self._ask(who, {"op": "accept", "version": version,
+                                            "ballot": ballot, "value": value},
+                                      2 * qt, prop.needed)
+            if (done := self._decided(answers, version)) is not None:
+                return done
+            for voter, a in answers.items():
+                prop.accepted(voter, a.get("ok") is True, ballot_of(a.get("promised")))
+            if prop.chosen:
+                chosen = Membership.from_wire(value)
+                node.install(chosen)
+                return chosen
+            seen += prop.higher()
+            if loop.time() >= deadline:
+                raise self._no_majority(who, answers, version, True)
+
+    def _decided(self, answers: dict[str, Any], version: int) -> Membership | None:
+        """A voter that installed ``version`` or newer answered its ring: that version was
+        chosen, and this node was behind. It installs the newest such ring."""
+        rings = [Membership.from_wire(a["installed"]) for a in answers.values()
+                 if "installed" in a]
+        rings = [r for r in rings if r.version >= version]
+        if not rings:
+            return None
+        newest = max(rings, key=lambda r: r.version)
+        self.node.install(newest)
+        return newest
+
+    def _no_majority(self, who: tuple[str, ...], answers: dict[str, Any], version: int,
+                     pending: bool) -> NoMajority:
+        what = ("change not confirmed (a value is accepted for this version: a majority may "
+                "still complete it; ask again, or see /v1/ring)" if pending
+                else "change not made")
+        return NoMajority(f"no majority: {what}; {len(answers)} of the {len(who)} voters of "
+                          f"version {version - 1} answered ({', '.join(sorted(answers))}), "
+                          f"{majority(len(who))} needed")
+
+    async def _ask(self, who: tuple[str, ...], item: dict[str, Any], timeout: float,
+                   needed: int) -> dict[str, Any]:
+        """``item`` to every voter at once (this node's own acceptor directly), sent again
+        every quarter of ``timeout`` to those that did not answer (a frame lost; a duplicate
+        gets the same answer): the answers by voter, once ``needed`` of them said yes, too
+        many refused for that, every one answered, or ``timeout``."""
+        node = self.node
+        answers: dict[str, Any] = {}
+        if node.id in who:
+            answers[node.id] = self.vote(node.id, item)
+        loop = asyncio.get_running_loop()
+        deadline, resend = loop.time() + timeout, timeout / 4
+        calls: dict[asyncio.Future[Any], str] = {}
+        next_send = loop.time()
+        while _yes(answers) < needed and len(answers) - _yes(answers) <= len(who) - needed:
+            now = loop.time()
+            if now >= deadline or len(answers) == len(who):
+                break
+            if now >= next_send:
+                for voter in who:
+                    link = node.links.get(voter)
+                    if voter not in answers and link is not None:
+                        calls[asyncio.ensure_future(link.call(Kind.RING, [item]))] = voter
+                next_send = now + resend
+            waiting = [f for f in calls if not f.done()]
+            wake = min(next_send, deadline) - now
+            if waiting:
+                await asyncio.wait(waiting, timeout=wake, return_when=asyncio.FIRST_COMPLETED)
+            else:
+                await asyncio.sleep(wake)
+            for f in [f for f in calls if f.done()]:
+                voter = calls.pop(f)
+                if f.exception() is None and isinstance(got := f.result()[0], dict):
+                    answers.setdefault(voter, got)
+        for f in calls:
+            f.cancel()
+        return answers
+
+
+def _yes(answers: dict[str, Any]) -> int:
+    return sum(1 for a in answers.values() if a.get("ok") is True or "installed" in a)
 
 
 def _apply(ms: Membership, req: dict[str, Any], now: float) -> Membership:
