@@ -110,15 +110,13 @@ class Client:
                 await self.write("add", table, key, rng.choice((1, 1, 2, 3, 5, -1, 10)))
 
     async def _call(self, host: Host, coro_fn: Any) -> Any:
-        """Run ``coro_fn(node)`` on ``host`` as a request would: waits while the host is
-        paused, fails if it is down or crashes meanwhile, gives up after the timeout."""
+        """Run ``coro_fn(node)`` on ``host`` as a request would (``Host.call``): fails if it is
+        down or crashes meanwhile, gives up after the timeout (the node goes on)."""
         async def attempt() -> Any:
-            while host.paused:
-                await asyncio.sleep(0.01)
             node, epoch = host.node, host.epoch
             if node is None or not host.up:
                 raise ConnectionError("connection refused")
-            result = await host.call(coro_fn(node))  # frozen and cancelled with the node
+            result = await host.call(lambda: coro_fn(node))  # the node's work, not ours
             if host.epoch != epoch:
                 raise ConnectionError("connection reset")
             return result

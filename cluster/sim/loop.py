@@ -34,12 +34,13 @@ class Owner(Protocol):
 class Held:
     """One callback of an owner: runs now, or waits in ``owner.held`` while it is frozen."""
 
-    __slots__ = ("owner", "callback", "args", "context", "handle")
+    __slots__ = ("owner", "callback", "args", "context", "handle", "timer")
 
     def __init__(self, owner: Owner, callback: Callable[..., Any], args: tuple[Any, ...],
-                 context: contextvars.Context) -> None:
+                 context: contextvars.Context, timer: bool = False) -> None:
         self.owner, self.callback, self.args, self.context = owner, callback, args, context
         self.handle: asyncio.Handle | None = None
+        self.timer = timer  # a timer that came due (else: a callback that was ready)
 
     def __call__(self) -> None:
         if self.handle is not None and self.handle.cancelled():
@@ -68,12 +69,21 @@ def owned(owner: Owner | None) -> contextvars.Context:
     return ctx
 
 
-def thaw(owner: Owner) -> None:
-    """``owner`` runs again: what came due while it was frozen runs now, in order."""
+def thaw(owner: Owner, inbox: list[Callable[[], None]] | None = None) -> None:
+    """``owner`` runs again, in the order asyncio would: the callbacks that were ready when it
+    froze, then what waited in its sockets (``inbox``: each delivered as its code), then the
+    timers that came due meanwhile. A woken node thus reads the frames that queued before its
+    overdue timers (its failure detector, say) have run."""
     held, owner.held = owner.held, []
     loop = asyncio.get_running_loop()
     for cb in held:
-        loop.call_soon(cb, context=cb.context)
+        if not cb.timer:
+            loop.call_soon(cb, context=cb.context)
+    for deliver in inbox or ():
+        loop.call_soon(run_as, owner, deliver, context=contextvars.Context())
+    for cb in held:
+        if cb.timer:
+            loop.call_soon(cb, context=cb.context)
 
 
 class Deadlock(RuntimeError):
@@ -136,7 +146,7 @@ class SimLoop(asyncio.BaseEventLoop):
         owner = context.get(OWNER)
         if owner is None:
             return super().call_at(when, callback, *args, context=context)
-        held = Held(owner, callback, args, context)
+        held = Held(owner, callback, args, context, timer=True)
         handle = super().call_at(when, held, context=context)
         held.handle = handle
         return handle

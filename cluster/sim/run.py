@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import random
@@ -42,7 +43,7 @@ DEFAULT_FAULTS = ("drop", "delay", "duplicate", "partition", "crash", "pause", "
 FAULTS = (*DEFAULT_FAULTS, "skew", "clock", "membership")
 SPARES = 3  # machines a run with the membership fault may add
 # test-only switches that must make the checker fail
-BREAKS = ("dedup", "hide", "floors", "lease", "limits")
+BREAKS = ("dedup", "hide", "floors", "lease", "limits", "fence", "wake")
 # the op mix's shares (``--mix``): adds take the rest
 # hedge: adds whose first attempt goes to two nodes at once (a client that hedges, not the SDK)
 MIX = {"read": 0.2, "delete": 0.0, "multiget": 0.0, "scan": 0.0, "hedge": 0.0}
@@ -220,7 +221,7 @@ class _Nemesis:
         try:
             if node is None or not claimant.up:
                 raise ConnectionError(f"claimant {claimant.id} is down")
-            got = await asyncio.wait_for(claimant.call(node.changes.change(req)), 10.0)
+            got = await asyncio.wait_for(claimant.call(lambda: node.changes.change(req)), 10.0)
         except Exception as exc:  # noqa: BLE001 - refused, or lost on the way
             self.note(f"membership change failed: {exc!r}")
             new = self.made(spare.id if spare is not None else "")
@@ -352,9 +353,10 @@ async def _set_ttl(world: World, table: str, ttl: float, limit: float) -> None:
             return
         if not asked and nodes:
             try:
-                host = world.hosts[nodes[0].id]
-                await asyncio.wait_for(host.call(nodes[0].changes.change(
-                    {"change": "table", "name": table, "ttl_s": ttl})), 10.0)
+                first = nodes[0]
+                change = functools.partial(first.changes.change,
+                                           {"change": "table", "name": table, "ttl_s": ttl})
+                await asyncio.wait_for(world.hosts[first.id].call(change), 10.0)
                 asked = True
             except Exception:  # noqa: BLE001 - nothing changed: ask again
                 pass
@@ -409,8 +411,23 @@ def _broken(breaks: tuple[str, ...]) -> Iterator[None]:
     ``lease``: a checker's lease never runs out (``checks.lease`` infinite): a leader frozen
     between its check and its apply applies on waking, whatever happened meanwhile.
     ``limits``: a leader never refuses an op past its time limit (``Admission.before_apply``
-    drops them): a leader frozen with an op it received applies it on waking, however late."""
-    saved_lease, before_apply = checks.lease, Admission.before_apply
+    drops them): a leader frozen with an op it received applies it on waking, however late.
+    ``fence``: a replica never refuses a copy of an op claimed for another leader
+    (``Replica._fenced`` refuses nothing): a leader frozen with an op applies it on waking and
+    its copy is merged beside the checked copy another leader applied meanwhile.
+    ``wake``: a leader does not look at its failure detector before leading (``Node.lead``'s
+    ``check_all``): woken from a freeze, it reads the requests that waited in its sockets
+    before its overdue detector ran, takes every peer for live, and leads them unchecked."""
+    saved_lease, before_apply, lead = checks.lease, Admission.before_apply, Node.lead
+    if "wake" in breaks:
+        def blind(self: Node, ops: Any, births: Any = None) -> Any:
+            self.detector.check_all = lambda: None  # type: ignore[method-assign]
+            try:
+                return lead(self, ops, births)
+            finally:
+                del self.detector.check_all
+
+        Node.lead = blind  # type: ignore[method-assign]
     if "lease" in breaks:
         checks.lease = lambda node, table: math.inf
     if "limits" in breaks:
@@ -418,7 +435,9 @@ def _broken(breaks: tuple[str, ...]) -> Iterator[None]:
             lambda self, ops, limits=None: before_apply(self, ops, None))
     names = ("hide", "apply_hidden", "apply_hidden_items")
     saved = [ShardStore.__dict__[name] for name in names]
-    replica = [(name, Replica.__dict__[name]) for name in ("on_repair", "shareable")]
+    replica = [(name, Replica.__dict__[name]) for name in ("on_repair", "shareable", "_fenced")]
+    if "fence" in breaks:
+        Replica._fenced = lambda self, items: None  # type: ignore[method-assign]
     if "hide" in breaks:
         ShardStore.hide = lambda self, table, key, origin, delta: None  # type: ignore[method-assign]
         ShardStore.apply_hidden = ShardStore.apply_local  # type: ignore[method-assign]
@@ -444,6 +463,7 @@ def _broken(breaks: tuple[str, ...]) -> Iterator[None]:
         for name, method in replica:
             setattr(Replica, name, method)
         checks.lease = saved_lease
+        Node.lead = lead  # type: ignore[method-assign]
         Admission.before_apply = before_apply  # type: ignore[method-assign]
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import logging
 import random
 from collections.abc import Callable, Coroutine
@@ -17,7 +16,7 @@ from cluster.roles.antientropy import antientropy_loop
 from cluster.roles.expiry import expiry_loop
 from cluster.roles.failure import heartbeat_loop
 from cluster.roles.member import Node
-from cluster.roles.membership import VoteStore, depart, move_loop
+from cluster.roles.membership import depart, move_loop
 from cluster.roles.settle import settle_loop
 from cluster.roles.shed import shed_loop
 from cluster.sim.disk import SimDisk, SimLog
@@ -58,18 +57,45 @@ class Host:
         task.add_done_callback(lambda t: self.tasks.pop(t, None))
         return task
 
-    async def call(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        """``coro`` run as a request to this machine: its work (``spawn``); a crash under it
-        resets the caller's connection (``ConnectionError``), as a cancel of the caller still
-        cancels it."""
+    async def call(self, work: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+        """``work()`` run as a request to this machine: its work (``spawn``), which goes on if
+        the caller gives up (a client's timeout closes its connection; the node's handler still
+        runs, as the real edge's does). To a frozen machine the request waits in its socket
+        and is read when it wakes. A crash under it resets the caller's connection
+        (``ConnectionError``)."""
         epoch = self.epoch
+        if self.paused:
+            request = _Request(self, work)
+            self.inbox.append(request)
+            task = await asyncio.shield(request.started)
+        else:
+            task = self.spawn(work())
         try:
-            return await self.spawn(coro)
+            return await asyncio.shield(task)
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if self.epoch == epoch or (task is not None and task.cancelling()):
+            me = asyncio.current_task()
+            if self.epoch == epoch or (me is not None and me.cancelling()):
                 raise
             raise ConnectionError("connection reset: the node crashed") from None
+
+
+class _Request:
+    """A request waiting in a frozen machine's socket: read (spawned) when it wakes, or reset
+    by its crash."""
+
+    def __init__(self, host: Host, work: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+        self.host, self.work = host, work
+        self.started: asyncio.Future[asyncio.Task[Any]] = (
+            asyncio.get_running_loop().create_future())
+
+    def __call__(self) -> None:
+        if not self.started.done():
+            self.started.set_result(self.host.spawn(self.work()))
+
+    def reset(self) -> None:
+        if not self.started.done():
+            self.started.set_exception(ConnectionError("connection reset: the node crashed"))
+            self.started.exception()
 
 
 class World:
@@ -143,8 +169,7 @@ class World:
                     log=cast(DurableLog, SimLog(host.disk)),
                     incarnation=host.disk.next_incarnation, members=ms,
                     dial=lambda pid: cast(PeerLink, SimLink(self.net, host, pid)),
-                    keep_ring=lambda kept: setattr(host.disk, "ring", kept),
-                    votes=VoteStore.kept_on(host.disk))
+                    keep_ring=lambda kept: setattr(host.disk, "ring", kept))
         host.node = node
         host.spawn(self._serve(host, node))
 
@@ -187,6 +212,9 @@ class World:
             return
         host.up = host.paused = False
         host.epoch += 1
+        for waiting in host.inbox:
+            if isinstance(waiting, _Request):
+                waiting.reset()
         host.inbox.clear()
         host.outbox.clear()
         tasks = list(host.tasks)
@@ -228,19 +256,16 @@ class World:
             host.paused = True
 
     def resume(self, host: Host) -> None:
-        """SIGCONT: what came due meanwhile runs first, late (the node acts on what it believed
-        before the freeze), then the frames that waited are delivered, stale."""
+        """SIGCONT: what was ready runs, then the frames and requests that waited are read,
+        stale, then the overdue timers run (``thaw``)."""
         if not host.paused:
             return
         host.paused = False
-        thaw(host)
         inbox, outbox = host.inbox, host.outbox
         host.inbox, host.outbox = [], []
         for dst, deliver in outbox:
             self.net.transmit(host.id, dst, deliver)
-        loop = asyncio.get_running_loop()
-        for deliver in inbox:
-            loop.call_soon(run_as, host, deliver, context=contextvars.Context())
+        thaw(host, inbox)
 
     def heal(self) -> None:
         self.net.blocked.clear()
