@@ -273,7 +273,7 @@ class Changes:
         link = node.links.get(claimant)
         if claimant != node.id and link is not None and node.is_live(claimant):
             got = (await asyncio.wait_for(link.call(Kind.RING, [{**req, "op": "change"}]),
-                                          8 * node.config.quorum_timeout))[0]
+                                          (AGREE_BUDGET + 6) * node.config.quorum_timeout))[0]
             node.install(Membership.from_wire(got))
             return got
         return await self.apply(req)
@@ -316,6 +316,10 @@ class Changes:
         deadline = loop.time() + AGREE_BUDGET * qt
         sent_accept = False
         attempt = 0
+
+        def phase() -> float:  # 2 quorum timeouts, less once the budget runs out (not < qt/2)
+            return max(qt / 2, min(2 * qt, deadline - loop.time()))
+
         while True:
             if attempt:  # a competing proposer, or a majority out of reach: the lower ids
                 # retry first (no random draw: the simulator replays a seed byte for byte)
@@ -325,7 +329,7 @@ class Changes:
             prop = Proposal(next_ballot(seen, node.id), new.to_wire(), who)
             ballot = list(prop.ballot)
             answers = await self._ask(who, {"op": "prepare", "version": version,
-                                            "ballot": ballot}, 2 * qt, prop.needed)
+                                            "ballot": ballot}, phase(), prop.needed)
             if (done := self._decided(answers, version)) is not None:
                 return done
             promises = {voter: Promise.from_wire(a) for voter, a in answers.items()}
@@ -341,7 +345,7 @@ class Changes:
             sent_accept = True
             answers = await self._ask(who, {"op": "accept", "version": version,
                                             "ballot": ballot, "value": value},
-                                      2 * qt, prop.needed)
+                                      phase(), prop.needed)
             if (done := self._decided(answers, version)) is not None:
                 return done
             for voter, a in answers.items():
