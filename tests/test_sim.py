@@ -71,6 +71,25 @@ def test_broken_dedup_is_caught_within_the_first_seeds() -> None:
     assert len(caught) >= 2
 
 
+def test_a_leader_acting_on_stale_beliefs_after_a_freeze_is_caught() -> None:
+    """The frozen-process model (a pause stops the node's loop, timers and tasks; requests
+    queue in its sockets) finds a leader that wakes and acts on what it believed before
+    (``--break wake``: no look at its failure detector, no time limit at the apply) within the
+    first seeds, with pauses as the only fault; the same seeds pass unbroken."""
+    caught = []
+    for seed in range(1, 17):
+        res = _run(seed, ("pause",), ("wake",), ops=200)
+        if not res.ok:
+            assert res.report.over_count > 0, res.line()
+            caught.append(seed)
+            if len(caught) == 2:
+                break
+    assert len(caught) == 2, caught
+    for seed in caught:
+        res = _run(seed, ("pause",), ops=200)
+        assert res.ok, res.line()
+
+
 # deletes, multi-gets and scans in the mix (``--mix``), and a table with a ttl (``--ttl``)
 NEW_OPS = (("delete", 0.1), ("multiget", 0.05), ("scan", 0.05))
 

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import math
 import random
 import time
 from collections.abc import Iterator
@@ -23,7 +22,6 @@ from cluster.core import store_kernel
 from cluster.core.entry import FLOOR, LAST
 from cluster.core.membership import Membership
 from cluster.core.shards import ShardStore
-from cluster.roles import checks
 from cluster.roles.admission import Admission
 from cluster.roles.member import Node
 from cluster.roles.replica import Replica
@@ -43,7 +41,7 @@ DEFAULT_FAULTS = ("drop", "delay", "duplicate", "partition", "crash", "pause", "
 FAULTS = (*DEFAULT_FAULTS, "skew", "clock", "membership")
 SPARES = 3  # machines a run with the membership fault may add
 # test-only switches that must make the checker fail
-BREAKS = ("dedup", "hide", "floors", "lease", "limits", "fence", "wake")
+BREAKS = ("dedup", "hide", "floors", "wake")
 # the op mix's shares (``--mix``): adds take the rest
 # hedge: adds whose first attempt goes to two nodes at once (a client that hedges, not the SDK)
 MIX = {"read": 0.2, "delete": 0.0, "multiget": 0.0, "scan": 0.0, "hedge": 0.0}
@@ -408,17 +406,11 @@ def _broken(breaks: tuple[str, ...]) -> Iterator[None]:
     delete's own REPLICATE frame: read repair, anti-entropy, a move's hand-off and the other
     REPAIRs (``Replica.on_repair``) and hinted handoff (``Replica.shareable``) drop them. A
     replica that missed the delete keeps the pairs it removed, and shows them again.
-    ``lease``: a checker's lease never runs out (``checks.lease`` infinite): a leader frozen
-    between its check and its apply applies on waking, whatever happened meanwhile.
-    ``limits``: a leader never refuses an op past its time limit (``Admission.before_apply``
-    drops them): a leader frozen with an op it received applies it on waking, however late.
-    ``fence``: a replica never refuses a copy of an op claimed for another leader
-    (``Replica._fenced`` refuses nothing): a leader frozen with an op applies it on waking and
-    its copy is merged beside the checked copy another leader applied meanwhile.
-    ``wake``: a leader does not look at its failure detector before leading (``Node.lead``'s
-    ``check_all``): woken from a freeze, it reads the requests that waited in its sockets
-    before its overdue detector ran, takes every peer for live, and leads them unchecked."""
-    saved_lease, before_apply, lead = checks.lease, Admission.before_apply, Node.lead
+    ``wake``: a leader woken from a freeze acts on what it believed before it: ``Node.lead``
+    does not look at its failure detector first (it takes every peer for live and leads the
+    requests that waited in its sockets unchecked), and ``Admission.before_apply`` ignores the
+    ops' time limits (it applies an op however long it waited)."""
+    before_apply, lead = Admission.before_apply, Node.lead
     if "wake" in breaks:
         def blind(self: Node, ops: Any, births: Any = None) -> Any:
             self.detector.check_all = lambda: None  # type: ignore[method-assign]
@@ -428,16 +420,11 @@ def _broken(breaks: tuple[str, ...]) -> Iterator[None]:
                 del self.detector.check_all
 
         Node.lead = blind  # type: ignore[method-assign]
-    if "lease" in breaks:
-        checks.lease = lambda node, table: math.inf
-    if "limits" in breaks:
         Admission.before_apply = (  # type: ignore[method-assign]
             lambda self, ops, limits=None: before_apply(self, ops, None))
     names = ("hide", "apply_hidden", "apply_hidden_items")
     saved = [ShardStore.__dict__[name] for name in names]
-    replica = [(name, Replica.__dict__[name]) for name in ("on_repair", "shareable", "_fenced")]
-    if "fence" in breaks:
-        Replica._fenced = lambda self, items: None  # type: ignore[method-assign]
+    replica = [(name, Replica.__dict__[name]) for name in ("on_repair", "shareable")]
     if "hide" in breaks:
         ShardStore.hide = lambda self, table, key, origin, delta: None  # type: ignore[method-assign]
         ShardStore.apply_hidden = ShardStore.apply_local  # type: ignore[method-assign]
@@ -462,7 +449,6 @@ def _broken(breaks: tuple[str, ...]) -> Iterator[None]:
             setattr(ShardStore, name, method)
         for name, method in replica:
             setattr(Replica, name, method)
-        checks.lease = saved_lease
         Node.lead = lead  # type: ignore[method-assign]
         Admission.before_apply = before_apply  # type: ignore[method-assign]
 
