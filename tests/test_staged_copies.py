@@ -199,3 +199,71 @@ async def test_rf5_writes_take_two_rounds_and_read_back_at_quorum(tmp_path: Path
                            if hasattr(s.node.state, "staged"))
     finally:
         await client.close()
+
+
+async def test_a_peer_that_does_not_know_stage_refuses_it_cleanly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node of a version before STAGE answers it as any unknown kind: an ERROR reply on a
+    link that stays up (simulated here: four nodes answer STAGE as they did). The copy counts
+    nowhere: the op is in doubt at its leader (503) and visible nowhere; once the peers know
+    the kind, the leader settles it and writes go on."""
+    from cluster.roles.member import Node
+
+    old: set[str] = set(NAMES[1:])
+    handle = Node.handle_peer
+
+    def older(self: Node, peer_id: str, kind: int, body: Any) -> Any:
+        if self.id in old and kind == Kind.STAGE:
+            raise ValueError(f"unknown peer frame kind {kind}")
+        return handle(self, peer_id, kind, body)
+
+    monkeypatch.setattr(Node, "handle_peer", older)
+    client = Client()
+    try:
+        async with cluster5(tmp_path) as c:
+            key, _prefs = key_led_by(c, "n1", "n2")
+            status, _ = await client.add(c.url("n1"), "t", key, "y:1", 3)
+            assert status == 503
+            assert "y:1" in c.servers["n1"].node.pending
+            for n in NAMES:
+                assert await client.value(c.url(n), "t", key, "one") == 0
+            assert all(link.connected for link in c.servers["n1"].node.links.values())
+            old.clear()  # upgraded: the op is settled (published: nobody else applied it)
+            await until(lambda: _settled(c), 15.0, "n1 to settle y:1")
+            status, _ = await client.add(c.url("n1"), "t", key, "y:2", 1)
+            assert status == 200
+            await converged(c, client, key, 4)  # type: ignore[arg-type]  # a Cluster5 will do
+    finally:
+        await client.close()
+
+
+def test_staged_pairs_stay_hidden_in_hashes_snapshots_and_merges() -> None:
+    """``ShardStore.stage``: the visible pair (entry, value, the key's digest hash) does not
+    move; a visible pair of the origin raises it (never above what it carries); the leader's
+    own hidden deltas are untouched; a snapshot keeps the staged part hidden."""
+    from cluster.core.shards import ShardStore
+
+    s = ShardStore("n2@1")
+    s.merge_pair("t", "k", "n1@1", 9, 2)
+    s.apply_hidden("t", "k", 4)  # n2's own op, unpublished
+    before = s.visible_hash("t", "k")
+    assert s.stage("t", "k", "n1@1", 10, 2) and s.stage("t", "k", "n1@1", 12, 2)
+    assert s.value("t", "k") == 7 and s.visible_hash("t", "k") == before
+    assert s.pair("t", "k", "n1@1") == (9, 2)
+    assert s.pair("t", "k", "n1@1", visible=False) == (12, 2)
+    loaded = ShardStore.from_bytes(s.to_bytes(), "n2@2")
+    assert loaded.pair("t", "k", "n1@1") == (9, 2) and loaded.has_staged()
+    s.merge_visible_items([["a", "t", "k", "n1@1", 10, 3, 1, 0.0]])  # one published, one
+    assert s.pair("t", "k", "n1@1") == (10, 3) and s.value("t", "k") == 7  # withdrawn
+    assert s.has_staged() and s.pair("t", "k", "n1@1", visible=False) == (12, 3)
+    s.merge_pair("t", "k", "n1@1", 12, 3)  # the last one published
+    assert not s.has_staged() and s.value("t", "k") == 9
+    s.unhide("t", "k", "n2@1", 4)
+    assert s.value("t", "k") == 13
+    fresh = ShardStore("n9@1")  # the digests moved as a store built whole would have them
+    fresh.merge_pair("t", "k", "n1@1", 12, 3)
+    fresh.merge_pair("t", "k", "n2@1", 4, 0)
+    s.flush_digests()
+    fresh.flush_digests()
+    assert fresh.visible_hash("t", "k") == s.visible_hash("t", "k")
+    assert fresh.digests.checksums() == s.digests.checksums()

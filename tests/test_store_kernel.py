@@ -1,7 +1,8 @@
 """The compiled store methods (``cluster/core/_store.pyx``: ``merge_items``, ``apply_hidden``,
-``unhide``) and the Python ones they replace give the same state, digests and errors: the same
-pages byte for byte, hidden deltas, digest sums at every level, answers and exception types, for
-any sequence of operations interleaved with the Python-only methods around them.
+``unhide``, ``stage_items``, ``merge_visible_items``) and the Python ones they replace give the
+same state, digests and errors: the same pages byte for byte, hidden deltas, digest sums at
+every level, answers and exception types, for any sequence of operations interleaved with the
+Python-only methods around them.
 
 ``ShardStore`` runs the compiled methods (``store_kernel.install``) and ``Reference`` the Python
 ones (``store_kernel.PYTHON``). The module is skipped, saying so, where the kernel is not built or
@@ -157,6 +158,8 @@ kernel_steps = st.one_of(
     st.tuples(st.just("hide"), table, key, origin, delta),
     st.tuples(st.just("apply_hidden_items"), st.lists(st.tuples(table, key, delta), max_size=5)),
     st.tuples(st.just("unhide_items"), st.lists(st.tuples(hidden, delta), max_size=5)),
+    st.tuples(st.just("stage_items"), st.lists(item(), min_size=1, max_size=5)),
+    st.tuples(st.just("merge_visible_items"), st.lists(item(), min_size=1, max_size=5)),
 )
 steps = st.one_of(
     kernel_steps,
@@ -223,6 +226,7 @@ def view(store: ShardStore) -> dict[str, Any]:
                   store.digest_pending, list(store._dirty)),
         "pages": pages(store),
         "hidden": store._hidden,
+        "staged": store._staged,
         "keys": {(t, k): (store.entry(t, k), store.own_pair(t, k), store.value(t, k),
                           store.has_hidden(t, k), store.visible_hash(t, k),
                           [(store.pair(t, k, o, visible=False), store.pair(t, k, o))

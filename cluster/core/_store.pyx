@@ -484,3 +484,110 @@ def unhide_items(store, items) -> None:
         if len(item) != 8:
             raise ValueError(f"an item has 8 fields, not {len(item)}")
         _unhide(store, st, hidden, item[1], item[2], item[3], item[6])
+
+
+# -- staged copies (a write quorum above 2: ``ShardStore.stage``, ``_merge_staged``) -----------
+
+def stage_items(store, items) -> None:
+    """``ShardStore.stage_items``: max-merge each item's pair as a staged copy, its rise
+    hidden (the visible pair, hence every hash, stays as it was)."""
+    cdef _Store st = _Store(store)
+    cdef dict index = st.index, hidden = st.hidden, staged = store._staged
+    cdef Loc at
+    cdef uint64_t p, n, p0, n0, vp, vn
+    cdef Py_ssize_t j
+    cdef str table, key, origin
+    for item in items:
+        if len(item) != 8:
+            raise ValueError(f"an item has 8 fields, not {len(item)}")
+        table, key, origin = item[1], item[2], item[3]
+        _counts(item[4], item[5], &p, &n)
+        o = index.get(origin)
+        if o is None:
+            o = store._origin(origin)
+        st.locate(table, key, o, True, &at)
+        j = 2 * at.j
+        p0, n0 = at.pn[j], at.pn[j + 1]
+        if p <= p0 and n <= n0:
+            continue
+        k = (table, key)
+        by_origin = hidden.get(k)
+        if by_origin is None:
+            by_origin = hidden[k] = {}
+        hid = by_origin.get(origin)
+        if hid is None:
+            hid = by_origin[origin] = [0, 0]
+        marks = staged.get(k)
+        if marks is None:
+            marks = staged[k] = set()
+        marks.add(origin)
+        vp, vn = _less(p0, <uint64_t>hid[0]), _less(n0, <uint64_t>hid[1])
+        if p < p0:
+            p = p0
+        if n < n0:
+            n = n0
+        at.pn[j], at.pn[j + 1] = p, n
+        hid[0], hid[1] = p - vp, n - vn
+
+
+def merge_visible_items(store, items) -> None:
+    """``ShardStore.merge_visible_items``: ``merge_items``, except that the items of an origin
+    with a staged copy of the key raise its visible pair to theirs (``_merge_staged``)."""
+    cdef dict staged = store._staged
+    if not staged:
+        merge_items(store, items)
+        return
+    cdef _Store st = _Store(store)
+    cdef dict index = st.index, hidden = st.hidden
+    cdef Loc at
+    cdef uint64_t p, n, p0, n0, p1, n1, vp0, vn0, vp1, vn1
+    cdef Py_ssize_t j
+    cdef str table, key, origin
+    for item in items:
+        if len(item) != 8:
+            raise ValueError(f"an item has 8 fields, not {len(item)}")
+        table, key, origin = item[1], item[2], item[3]
+        _counts(item[4], item[5], &p, &n)
+        o = index.get(origin)
+        if o is None:
+            o = store._origin(origin)
+        k = (table, key)
+        marks = staged.get(k)
+        if marks is not None and origin in marks:
+            by_origin = hidden.get(k)
+            hid = by_origin.get(origin) if by_origin is not None else None
+            if hid is None:  # its hidden part is gone (unhidden): staged no more
+                marks.discard(origin)
+                if not marks:
+                    del staged[k]
+            else:
+                st.locate(table, key, o, True, &at)
+                j = 2 * at.j
+                p0, n0 = at.pn[j], at.pn[j + 1]
+                vp0, vn0 = _less(p0, <uint64_t>hid[0]), _less(n0, <uint64_t>hid[1])
+                vp1, vn1 = (vp0 if vp0 > p else p), (vn0 if vn0 > n else n)
+                p1, n1 = (p0 if p0 > p else p), (n0 if n0 > n else n)
+                if p1 == p0 and n1 == n0 and vp1 == vp0 and vn1 == vn0:
+                    continue
+                at.pn[j], at.pn[j + 1] = p1, n1
+                hid[0], hid[1] = p1 - vp1, n1 - vn1
+                if p1 == vp1 and n1 == vn1:
+                    del by_origin[origin]
+                    if not by_origin:
+                        del hidden[k]
+                    marks.discard(origin)
+                    if not marks:
+                        del staged[k]
+                if st.tracking:
+                    st.move(table, key, &at, origin, vp0, vn0, vp1, vn1)
+                continue
+        st.locate(table, key, o, True, &at)
+        j = 2 * at.j
+        p0, n0 = at.pn[j], at.pn[j + 1]
+        if p > p0 or n > n0:
+            if p < p0:
+                p = p0
+            if n < n0:
+                n = n0
+            at.pn[j], at.pn[j + 1] = p, n
+            st.moved(table, key, &at, origin, p0, n0, p, n)

@@ -278,19 +278,28 @@ class ShardStore:
     def stage_items(self, items: Sequence[ItemFields]) -> None:
         """``stage`` of each item's pair (a STAGE frame's items)."""
         stage = self.stage
-        for _op_id, table, key, origin, p, n, _delta, _ts in items:
-            stage(table, key, origin, p, n)
+        for item in items:
+            if len(item) != 8:
+                raise ValueError(f"an item has 8 fields, not {len(item)}")
+            stage(item[1], item[2], item[3], item[4], item[5])
 
     def _merge_staged(self, table: str, key: str, origin: str, p: int, n: int) -> bool:
         """A visible pair of an origin with a staged copy here: the pair as applied rises to
         it, and so does what is visible (pairs seen anywhere are published or settled: docs/
-        node.md "What is visible when"); what the visible pair now covers is no longer hidden."""
+        node.md "What is visible when"); what the visible pair now covers is no longer hidden.
+        None when the origin's hidden part is gone (``unhide``): staged no more."""
+        k = (table, key)
+        by_origin = self._hidden.get(k)
+        hid = by_origin.get(origin) if by_origin is not None else None
+        if by_origin is None or hid is None:
+            marks = self._staged[k]
+            marks.discard(origin)
+            if not marks:
+                del self._staged[k]
+            return self.merge_pair(table, key, origin, p, n)
         page, j, r, leaf = self._slot(table, key, self._origin(origin))
         pn = page.pn
         p0, n0 = pn[2 * j], pn[2 * j + 1]
-        k = (table, key)
-        by_origin = self._hidden[k]
-        hid = by_origin[origin]
         vp0, vn0 = max(0, p0 - hid[0]), max(0, n0 - hid[1])
         vp1, vn1 = max(vp0, p), max(vn0, n)
         p1, n1 = max(p0, p), max(n0, n)
@@ -302,9 +311,9 @@ class ShardStore:
             del by_origin[origin]
             if not by_origin:
                 del self._hidden[k]
-            staged = self._staged[k]
-            staged.discard(origin)
-            if not staged:
+            marks = self._staged[k]
+            marks.discard(origin)
+            if not marks:
                 del self._staged[k]
         if self._tracking:
             self._move(table, key, page, r, leaf, origin, vp0, vn0, vp1, vn1)
@@ -312,23 +321,39 @@ class ShardStore:
 
     def merge_visible_items(self, items: Sequence[ItemFields]) -> None:
         """``merge_items`` of visible pairs (REPLICATE items); where some origin of a key has a
-        staged copy here, its items go through ``merge_pair`` (visible rises to them). With no
-        staged copy anywhere (W <= 2 always) it is ``merge_items`` as is."""
+        staged copy here, its items raise its visible pair (``_merge_staged``). With no staged
+        copy anywhere (W <= 2 always) it is ``merge_items`` as is."""
         staged = self._staged
         if not staged:
             self.merge_items(items)
             return
-        plain = []
+        index, slot, moved = self._index, self._slot, self._moved
         for item in items:
-            s = staged.get((item[1], item[2]))
-            if s is not None and item[3] in s:
-                if type(item[4]) is not int or type(item[5]) is not int:
-                    raise ValueError("P and N are integers")
-                self.merge_pair(item[1], item[2], item[3], item[4], item[5])
-            else:
-                plain.append(item)
-        if plain:
-            self.merge_items(plain)
+            if len(item) != 8:
+                raise ValueError(f"an item has 8 fields, not {len(item)}")
+            _op_id, table, key, origin, p, n, _delta, _ts = item
+            if type(p) is not int or type(n) is not int or not (0 <= p <= MASK and 0 <= n <= MASK):
+                raise ValueError(f"P and N are integers in [0, 2**64), got ({p!r}, {n!r})")
+            o = index.get(origin)
+            if o is None:
+                o = self._origin(origin)
+            marks = staged.get((table, key))
+            if marks is not None and origin in marks:
+                by_origin = self._hidden.get((table, key))
+                if by_origin is not None and origin in by_origin:
+                    self._merge_staged(table, key, origin, p, n)
+                    continue
+                marks.discard(origin)  # its hidden part is gone (unhidden): staged no more
+                if not marks:
+                    del staged[(table, key)]
+            page, j, r, leaf = slot(table, key, o)
+            pn = page.pn
+            j *= 2
+            p0, n0 = pn[j], pn[j + 1]
+            if p > p0 or n > n0:
+                p, n = max(p, p0), max(n, n0)
+                pn[j], pn[j + 1] = p, n
+                moved(table, key, page, r, leaf, origin, p0, n0, p, n)
 
     def covers(self, table: str, key: str, origin: str, p: int, n: int) -> bool:
         """``origin``'s visible pair of the key is at least (p, n)."""

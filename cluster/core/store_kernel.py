@@ -1,7 +1,8 @@
 """The choice between ``ShardStore``'s Python hot methods and their compiled twins.
 
-``cluster/core/_store.pyx`` compiles ``merge_items``, ``apply_hidden``, ``unhide`` and the last
-two's batch forms (``apply_hidden_items``, ``unhide_items``) over the same pages and digests
+``cluster/core/_store.pyx`` compiles ``merge_items``, ``apply_hidden``, ``unhide``, the last
+two's batch forms (``apply_hidden_items``, ``unhide_items``) and the staged copies' merges
+(``stage_items``, ``merge_visible_items``: a write quorum above 2) over the same pages and digests
 (``pip install`` builds it where a C compiler is; ``setup.py``). The
 Python methods stay the reference: ``tests/test_store_kernel.py`` runs both on the same
 programs. ``install`` binds the compiled ones in place of the Python ones when the module is
@@ -17,7 +18,8 @@ from cluster.core.compiled import optional
 from cluster.core.digests import key_hash, pair_hash
 
 ENV = "IDC_STORE_KERNEL"
-METHODS = ("merge_items", "apply_hidden", "apply_hidden_items", "unhide", "unhide_items")
+METHODS = ("merge_items", "apply_hidden", "apply_hidden_items", "unhide", "unhide_items",
+           "stage_items", "merge_visible_items")
 
 # the Python methods, by name, once ``install`` has replaced them (the reference's twin tests)
 PYTHON: dict[str, Any] = {}
@@ -52,5 +54,5 @@ def install(cls: type) -> None:
     ones are kept in ``PYTHON`` either way."""
     for name in METHODS:
         PYTHON[name] = cls.__dict__[name]
-        if _KERNEL_MODULE is not None:
-            setattr(cls, name, getattr(_KERNEL_MODULE, name))
+        if _KERNEL_MODULE is not None and hasattr(_KERNEL_MODULE, name):  # a module built
+            setattr(cls, name, getattr(_KERNEL_MODULE, name))  # before a method: Python's

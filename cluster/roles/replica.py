@@ -93,23 +93,24 @@ class Replica:
         flags = self._fenced(items) if claims or claims.amnesiac() else None
         if flags is not None:
             items = [item for item, ok in zip(items, flags, strict=True) if ok]
-        self.state.seen_or_add_items(items)  # learn the ids: dedup state stays in sync
+        state = self.state
+        # learn the ids: dedup state stays in sync (a publication's ops staged here: learned)
+        state.seen_or_add_items(state.published_staged(items) if not staged and state.staged
+                                else items)
         if claims:  # the application arrived: the dedup answers for these ops now
             for item in items:
                 claims.applied(item[ITEM_OP_ID])
-        if staged:
-            # a floor item (``Leader._restart``) carries no delta of the op: visible as ever
-            hidden = [item for item in items if is_real(item[3])]
-            plain = [item for item in items if not is_real(item[3])] if len(hidden) < len(
-                items) else []
-            self.state.stage_items(hidden)
-            if plain:
-                self.state.shards.merge_visible_items(plain)
-        else:
+        if not staged:
             hidden, plain = [], items
-            self.state.shards.merge_visible_items(items)
-            if self.state.staged:  # a publication: the copies it covers are staged no more
-                self.state.published_staged(items)
+            state.shards.merge_visible_items(items)
+        elif all(is_real(origin) for origin in {item[3] for item in items}):
+            hidden, plain = items, []
+            state.stage_items(items)
+        else:  # a floor item (``Leader._restart``) carries no delta of the op: visible as ever
+            hidden = [item for item in items if is_real(item[3])]
+            plain = [item for item in items if not is_real(item[3])]
+            state.stage_items(hidden)
+            state.shards.merge_visible_items(plain)
         self.state.touch(items)
         self.metrics.replicated_in += len(items)
         if not items:

@@ -183,14 +183,19 @@ class NodeState:
             while len(staged) > MAX_STAGED:  # the oldest: its pair stays hidden regardless
                 del staged[next(iter(staged))]
 
-    def published_staged(self, items: Iterable[ItemFields]) -> None:
-        """REPLICATE items merged visible: the staged copies of those ops from the same origin
-        are published."""
+    def published_staged(self, items: Sequence[ItemFields]) -> Sequence[ItemFields]:
+        """REPLICATE items to be merged visible: the staged copies of those ops from the same
+        origin are published. The other items (their ids not learned from a staged copy)."""
         staged = self.staged
+        fresh: list[ItemFields] = []
         for item in items:
-            got = staged.get(item[ITEM_OP_ID])
-            if got is not None and got[ITEM_ORIGIN] == item[ITEM_ORIGIN]:
-                del staged[item[ITEM_OP_ID]]
+            got = staged.pop(item[ITEM_OP_ID], None)
+            if got is None:
+                fresh.append(item)
+            elif got[ITEM_ORIGIN] != item[ITEM_ORIGIN]:  # another leader's copy: still staged
+                staged[item[ITEM_OP_ID]] = got
+                fresh.append(item)
+        return fresh
 
     def staged_open(self, op_id: str) -> ItemFields | None:
         """The item of this node's staged copy of ``op_id`` while no visible pair covers it
