@@ -7,6 +7,7 @@ ballot proposes that same value."""
 from __future__ import annotations
 
 import dataclasses
+import random
 from typing import Any
 
 import pytest
@@ -92,14 +93,29 @@ class World:
         return {b: v for (b, v), who in self.accepted_by.items() if len(who) >= need}
 
 
-actions = st.lists(st.tuples(st.sampled_from(["propose", "deliver", "drop", "dup"]),
-                             st.integers(0, 1000)), max_size=120)
+KINDS = ["propose", "deliver", "deliver", "deliver", "deliver", "drop", "dup"]
+actions = st.lists(st.tuples(st.sampled_from(KINDS), st.integers(0, 1000)), max_size=200)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(n=st.sampled_from([3, 5]), p=st.sampled_from([2, 3]), steps=actions)
 def test_no_two_values_are_chosen_for_one_version(n: int, p: int,
                                                   steps: list[tuple[str, int]]) -> None:
+    run(n, p, steps)
+
+
+def test_long_random_schedules_choose_one_value() -> None:
+    """Longer schedules than hypothesis draws (seeded): proposers keep starting new ballots
+    while messages are delivered out of order, lost and duplicated."""
+    for seed in range(300):
+        rng = random.Random(seed)
+        steps = [(rng.choice(KINDS), rng.randrange(1000)) for _ in range(rng.randrange(400))]
+        run(rng.choice([3, 5]), rng.choice([2, 3]), steps)
+
+
+def run(n: int, p: int, steps: list[tuple[str, int]]) -> World:
+    """Play ``steps`` among ``n`` acceptors and ``p`` proposers, checking safety after each;
+    then deliver everything in flight and let one proposer finish."""
     acc = [f"a{i}" for i in range(n)]
     props = [f"p{i}" for i in range(p)]
     w = World({a: Slot() for a in acc}, dict.fromkeys(props), [], {}, [],
@@ -134,7 +150,7 @@ def test_no_two_values_are_chosen_for_one_version(n: int, p: int,
             was = prop.prepared
             prop.promised(src, payload)
             if prop.prepared and not was:  # a majority promised: ask them to accept
-                value = prop.value()
+                value = prop.propose()
                 w.sent.append((prop.ballot, value))
                 for a in acc:
                     w.network.append(("accept", dst, a, (prop.ballot, value)))
@@ -179,3 +195,4 @@ def test_no_two_values_are_chosen_for_one_version(n: int, p: int,
     assert len(set(chosen.values())) == 1, chosen
     prop = w.proposers[props[0]]
     assert prop is not None and prop.chosen and prop.value() in chosen.values()
+    return w

@@ -126,13 +126,16 @@ class Proposal:
     promises: dict[str, Promise] = dataclasses.field(default_factory=dict)
     accepted_by: set[str] = dataclasses.field(default_factory=set)
     refused_by: dict[str, Ballot] = dataclasses.field(default_factory=dict)
+    proposed: Any = None  # the value asked to be accepted under ``ballot`` (``propose``)
 
     @property
     def needed(self) -> int:
         return majority(len(self.voters))
 
     def promised(self, voter: str, promise: Promise) -> None:
-        if voter not in self.voters:
+        """Count a voter's answer to the prepare; late ones, once the value is proposed, change
+        nothing (one value per ballot)."""
+        if voter not in self.voters or self.proposed is not None:
             return
         if promise.ok and promise.promised == self.ballot:
             self.promises[voter] = promise
@@ -146,10 +149,18 @@ class Proposal:
     def value(self) -> Any:
         """What to ask the voters to accept: the value accepted under the highest ballot among
         the promises (it may have been chosen), else this proposer's own."""
+        if self.proposed is not None:
+            return self.proposed
         best = max(self.promises.values(), key=lambda p: p.accepted, default=None)
         if best is None or best.accepted == NO_BALLOT:
             return self.own
         return best.value
+
+    def propose(self) -> Any:
+        """The value to ask the voters to accept under this ballot, fixed from now on."""
+        assert self.prepared, "propose only after a majority promised"
+        self.proposed = self.value()
+        return self.proposed
 
     def accepted(self, voter: str, ok: bool, promised: Ballot = NO_BALLOT) -> None:
         if voter not in self.voters:

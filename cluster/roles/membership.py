@@ -341,7 +341,7 @@ class Changes:
                 if not pending and not prop.refused_by or loop.time() >= deadline:
                     raise self._no_majority(who, answers, version, pending)
                 continue
-            value = prop.value()
+            value = prop.propose()
             sent_accept = True
             answers = await self._ask(who, {"op": "accept", "version": version,
                                             "ballot": ballot, "value": value},
@@ -387,8 +387,9 @@ class Changes:
         many refused for that, every one answered, or ``timeout``."""
         node = self.node
         answers: dict[str, Any] = {}
-        if node.id in who:
-            answers[node.id] = self.vote(node.id, item)
+        own = self.vote(node.id, item)  # a proposer that does not vote (joining) keeps its
+        if node.id in who:  # ballot too: never the same one twice, across a restart
+            answers[node.id] = own
         loop = asyncio.get_running_loop()
         deadline, resend = loop.time() + timeout, timeout / 4
         calls: dict[asyncio.Future[Any], str] = {}
