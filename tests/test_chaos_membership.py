@@ -238,3 +238,93 @@ async def test_a_quorum_that_failed_across_a_ring_change_is_not_acknowledged(
     finally:
         for s in servers:
             await s.stop()
+
+
+def test_a_split_play_is_judged_by_the_one_membership_it_ends_with() -> None:
+    from client.chaos.membership import _took_effect, judge
+
+    ring = _view(4, {"n1": "normal", "n2": "normal", "n3": "normal", "n5": "normal"})
+    minority = {"side": ["n3"], "majority": False, "change": "join", "node": "n4",
+                "via": "n3", "accepted": False, "no_majority": True,
+                "answer": "NoMajority: no majority: change not made"}
+    majority = {"side": ["n1", "n2"], "majority": True, "change": "join", "node": "n5",
+                "via": "n1", "accepted": True, "version": 2}
+    changes = [minority, majority]
+    effect = [c for c in changes if _took_effect(c, ring)]
+    assert effect == [majority]
+    assert judge(changes, effect, True, ring) == []
+    assert judge(changes, effect, False, ring) == [
+        "the live members do not show one settled membership"]
+    both = _view(4, {**{m["id"]: m["state"] for m in ring["members"]}, "n4": "normal"})
+    got = judge(changes, [c for c in changes if _took_effect(c, both)], True, both)
+    assert any("both sides' changes took effect" in p for p in got)
+    assert any("join n4 was refused but took effect" in p for p in got)
+    # refused for another reason than want of a majority: only when a bridge saw both sides
+    other = {**minority, "no_majority": False, "answer": "a move is under way"}
+    assert judge([other, majority], effect, True, ring) != []
+    assert judge([other, majority], effect, True, ring, bridged=True) == []
+    # the side with a majority refused, or answered and not in the ring
+    assert judge([minority, {**majority, "accepted": False}], [], True,
+                 _view(4, {"n1": "normal", "n2": "normal", "n3": "normal"})) != []
+    left = _view(7, {"n1": "normal", "n2": "normal", "n3": "left"})
+    assert _took_effect({"change": "decommission", "node": "n3"}, left)
+    assert not _took_effect({"change": "decommission", "node": "n2"}, left)
+
+
+def test_split_membership_is_chosen_only_by_name_and_gets_the_short_window() -> None:
+    local = SimpleNamespace(cluster=object(), can_control_processes=True, external=[],
+                            peer_links=True, linked_ids=["n1", "n2", "n3"])
+    assert "split-membership" not in {
+        n.name for n in choose(None, local)[0]}  # type: ignore[arg-type]
+    chosen, _ = choose(["split-membership"], local)  # type: ignore[arg-type]
+    assert [n.name for n in chosen] == ["split-membership"]
+    two = SimpleNamespace(cluster=object(), can_control_processes=True, external=[],
+                          peer_links=True, linked_ids=["n1", "n2"])
+    assert "3 or more" in choose(["split-membership"], two)[1][  # type: ignore[arg-type]
+        "split-membership"]
+    cfg = effective(ChaosConfig(nemeses=("split-membership",)))
+    assert cfg.node_args == ("--window", f"{MEMBERSHIP_WINDOW:g}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_a_partition_with_a_change_asked_on_each_side_ends_with_one_membership(
+        tmp_path: Path) -> None:
+    """3 nodes cut 1 | 2 under load, a different join asked through a member of each side:
+    the single node is refused (no majority), the pair answered; healed, every live member
+    shows one membership holding the pair's join only, and the counts are exact."""
+    ALL["split-membership"].plays = None  # type: ignore[attr-defined]
+    cfg = ChaosConfig(
+        workload=WorkloadConfig(clients=2, concurrency=3, rate=120, duration=16, keys=50),
+        nemeses=("split-membership",), quiet=(0.2, 0.4), fault=(1.0, 1.5),
+        out_dir=str(tmp_path), seed=5, progress=False)
+    res = await run_chaos(cfg)
+    text = render(res)
+    print(text)  # pytest -s shows the report
+    assert res.valid and not res.membership_problems, text
+    assert res.report.over_count == 0 and res.report.under_count == 0, text
+    plays = [p for p in res.played if p["nemesis"] == "split-membership"]
+    assert len(plays) == 1, text
+    play, healed = plays[0], plays[0]["healed"]
+    small, large = sorted(play["changes"], key=lambda c: len(c["side"]))
+    assert len(small["side"]) == 1 and not small["accepted"] and small["no_majority"], text
+    assert large["majority"] and large["accepted"], text
+    assert healed["one_membership"] and healed["took_effect"] == [
+        f"{large['change']} {large['node']}"], text
+    assert sorted(res.nodes) == sorted(healed["members"]), text
+    assert "split-membership v1 cut" in text and "one membership" in text
+    events = load(tmp_path / "history.jsonl")
+    answers = [e["detail"] for e in events
+               if e["f"] == "membership" and e["detail"]["step"] == "answer"]
+    assert len(answers) == 2 and any("no majority" in a["answer"] for a in answers)
+
+
+def test_a_split_play_with_bridges_on_both_majorities_needs_one_answer_at_most() -> None:
+    from client.chaos.membership import judge
+
+    ring = _view(7, {"n1": "normal", "n2": "normal", "n3": "normal", "n4": "normal"})
+    a = {"side": ["n1"], "majority": True, "change": "join", "node": "n5", "via": "n1",
+         "accepted": False, "no_majority": False, "answer": "a move is under way"}
+    b = {"side": ["n2", "n3"], "majority": True, "change": "join", "node": "n6", "via": "n2",
+         "accepted": False, "no_majority": True, "answer": "no majority"}
+    assert judge([a, b], [], True, ring, bridged=True) == []

@@ -9,6 +9,12 @@ nemesis schedule plays; then heal, wait for quiet, read every replica, check lik
                                                           # replaced, crash mid-move (nodes
                                                           # get --window 2: a move lasts
                                                           # ~6-9 s)
+    python -m client.chaos --nodes 5 --duration 60 --nemesis split-membership
+                                                          # peer links cut between two halves,
+                                                          # a different change asked on each:
+                                                          # the half without a majority must
+                                                          # be refused, and every member end
+                                                          # with one membership
     python -m client.chaos --nodes http://h1:7101,http://h2:7101   # given nodes (no process
                                                                    # or peer faults)
     python -m client.chaos --nodes http://127.0.0.1:19101,... --compose-project idemcount

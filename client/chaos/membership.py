@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import re
 import sys
@@ -37,6 +38,9 @@ from typing import Any
 
 from client.chaos.history import History
 from client.chaos.topology import Topology
+from cluster.admin import AdminError, ask
+from cluster.core.membership import Membership, MembershipError
+from cluster.core.paxos import majority
 from cluster.local import StartError
 
 KINDS = ("join", "decommission", "replace", "crash")
@@ -214,13 +218,16 @@ class MembershipPlays:
         self._step("replace", "joining", node=new, replaces=victim, version=got)
         return {"node": new, "replaces": victim}
 
-    async def _decommission(self, node_id: str) -> asyncio.subprocess.Process:
-        """``python -m cluster decommission node_id`` through the other live members; its
-        output goes to ``decommission-<id>.log`` in the cluster's data directory."""
+    async def _decommission(self, node_id: str, via: list[str] | None = None
+                            ) -> asyncio.subprocess.Process:
+        """``python -m cluster decommission node_id`` through ``via`` (default: the other live
+        members); its output goes to ``decommission-<id>.log`` in the cluster's data
+        directory."""
         cluster = self.topo.cluster
         assert cluster is not None
-        via = ",".join(cluster.nodes[i].address for i in self._live(but=node_id))
-        argv = [sys.executable, "-m", "cluster", "decommission", node_id, "--via", via,
+        via_addrs = ",".join(cluster.nodes[i].address
+                             for i in (via if via is not None else self._live(but=node_id)))
+        argv = [sys.executable, "-m", "cluster", "decommission", node_id, "--via", via_addrs,
                 "--timeout", f"{self.heal_timeout:g}"]
         if cluster.secret_file is not None:
             argv += ["--secret-file", str(cluster.secret_file)]
@@ -318,3 +325,250 @@ def _brief(view: dict[str, Any] | None) -> str:
         return "no answer"
     members = " ".join(f"{m.get('id')}:{m.get('state')}" for m in view.get("members", []))
     return f"v{view.get('version')} {members}{' moving' if view.get('move') else ''}"
+
+
+# -- the split play: a partition, a different change asked on each side ---------------------
+
+class SplitPlays(MembershipPlays):
+    """The ``split-membership`` nemesis's plays (``client.chaos.nemesis.SplitMembership`` cuts
+    the peer links between the two sides, then calls ``begin``; it heals them, then calls
+    ``finish``).
+
+    On each side a member is asked a different change while the cut holds (a join of a new
+    node on one side and the decommission of a member on the other when the cluster has more
+    than rf normal members, else a join on each; a node that joined in an earlier play is the
+    one decommissioned, if any), both at once: the one RING change request
+    that ``--join`` and ``python -m cluster decommission`` send (``cluster.admin.ask``), asked
+    once, through one member of that side. Each side's answer goes into the history. A join
+    that was admitted is then started (``--join`` through the same member: it is already
+    joining, so it is answered the ring); an admitted decommission is waited for with
+    ``python -m cluster decommission`` (the node leaves, then exits 0).
+
+    Membership versions are agreed by a majority of the normal and leaving members (the
+    voters): a side that reaches fewer than a majority of them must be refused ("no
+    majority"), a side that reaches a majority must be answered. After the heal every live
+    member must show one and the same membership, in which the changes that took effect are
+    exactly the ones answered: at most one, and exactly one when a side had a majority
+    (``problems`` in the heal's detail otherwise; the run is then not valid)."""
+
+    async def begin_split(self, rng: random.Random, sides: tuple[list[str], list[str]],
+                          bridges: list[str]) -> dict[str, Any]:
+        """Ask a change on each side of the cut (already made); the play's detail."""
+        views = await self.topo.ring_views(self._live())
+        version, rf = await self._ring()
+        ring: dict[str, Any] = max((v for v in views.values() if v),
+                                   key=lambda v: int(v.get("version", 0)),
+                                   default={"members": []})
+        held = {str(m["id"]): _held_state(ring, str(m["id"])) for m in ring["members"]}
+        voters = [i for i, st in held.items() if st in ("normal", "leaving")]
+        normal = [i for i, st in held.items() if st == "normal"]
+        play: dict[str, Any] = {"kind": "split", "version_before": version,
+                                "started": time.monotonic(), "sides": [sorted(s) for s in sides],
+                                "bridges": sorted(bridges), "voters": sorted(voters)}
+        self.play = play
+        seen = await self._wait_cut(sides, 15.0)
+        self._step("split", "cut", sides=play["sides"], bridges=play["bridges"],
+                   version=version, sees_other_side_down=seen)
+        # which change on which side: a decommission needs more than rf normal members and a
+        # side of two (a member asked to remove another), or a bridge to remove
+        order = [0, 1]
+        rng.shuffle(order)
+        leave_side = next((i for i in order
+                           if len(sides[i]) >= 2 or set(bridges) & set(normal)), None)
+        if len(normal) <= rf:
+            leave_side = None
+        need = majority(len(voters))
+        changes: list[dict[str, Any]] = []
+        for i, side in enumerate(sides):
+            reach = sorted(set(side) | set(bridges))
+            change: dict[str, Any] = {
+                "side": sorted(side), "reaches": len([v for v in reach if v in voters]),
+                "majority": len([v for v in reach if v in voters]) >= need}
+            if i == leave_side:  # a node that joined during the run first (a bridge: the
+                # cluster goes back to members the cut separates)
+                target = rng.choice(sorted(set(bridges) & set(normal)) or sorted(side))
+                change.update(change="decommission", node=target,
+                              via=rng.choice(sorted(set(side) - {target})))
+            else:
+                change.update(change="join", node=self._new_id(), via=rng.choice(sorted(side)))
+            changes.append(change)
+        play["changes"] = changes
+        play["needed"] = need
+        answers = await asyncio.gather(*(self._ask_side(c) for c in changes))
+        for change, answer in zip(changes, answers, strict=True):
+            change.update(answer)
+            self._step("split", "answer", **{k: v for k, v in change.items()})
+        for change in changes:  # carry out what was admitted
+            if not change["accepted"]:
+                continue
+            if change["change"] == "join":
+                await self._start_joiner(change)
+            else:
+                play.setdefault("_decommissions", []).append(
+                    (change["node"], await self._decommission(
+                        change["node"], via=[i for i in change["side"] if i != change["node"]])))
+        return {k: v for k, v in play.items() if k != "started" and not k.startswith("_")}
+
+    async def _wait_cut(self, sides: tuple[list[str], list[str]], timeout: float) -> bool:
+        """Until every member of each side shows every member of the other side down (a side
+        then asks its own members, not a claimant across the cut)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            views = await self.topo.ring_views([i for s in sides for i in s])
+            ok = True
+            for i, side in enumerate(sides):
+                other = set(sides[1 - i])
+                for member in side:
+                    view = views.get(member)
+                    states = {m.get("id"): m.get("state")
+                              for m in (view or {}).get("members", [])}
+                    ok = ok and view is not None and all(
+                        states.get(o) in ("down", "left", None) for o in other)
+            if ok:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.2)
+
+    async def _ask_side(self, change: dict[str, Any]) -> dict[str, Any]:
+        """The change's RING request, once, to its side's member: its answer."""
+        cluster = self.topo.cluster
+        assert cluster is not None
+        node_id, via = change["node"], cluster.nodes[change["via"]]
+        if change["change"] == "join":
+            joiner = cluster.add_node(node_id, join=[change["via"]])  # started once admitted
+            own, item = node_id, {"op": "change", "change": "join", "id": node_id,
+                                  "addr": joiner.address}
+        else:
+            own, item = f"admin-{os.getpid()}", {"op": "change", "change": "leave",
+                                                 "id": node_id}
+        secret = str(cluster.secret_file) if cluster.secret_file is not None else None
+        self._step("split", "ask", change=change["change"], node=node_id, via=change["via"])
+        started = time.monotonic()
+        try:
+            got = await ask([(via.host, via.port)], own, secret, item, timeout=30.0)
+            ms = Membership.from_wire(got)
+        except (AdminError, MembershipError) as exc:
+            return {"accepted": False, "answer": str(exc)[:400],
+                    "no_majority": "no majority" in str(exc),
+                    "answer_s": round(time.monotonic() - started, 2)}
+        m = ms.get(node_id)
+        return {"accepted": True, "answer": f"{node_id} {m.state if m else '?'} at version "
+                                            f"{ms.version}",
+                "version": ms.version, "answer_s": round(time.monotonic() - started, 2)}
+
+    async def _start_joiner(self, change: dict[str, Any]) -> None:
+        assert self.topo.cluster is not None
+        node_id = change["node"]
+        try:
+            await self.topo.start_member(self.topo.cluster.nodes[node_id])
+        except (StartError, RuntimeError) as exc:
+            self._step("split", "start-failed", node=node_id, error=str(exc)[:300])
+            raise
+        self._step("split", "started", node=node_id)
+
+    async def finish(self) -> dict[str, Any]:
+        """After the heal: wait for an admitted decommission, then until every live member
+        shows the same settled ring; judge the play (``problems``)."""
+        play, self.play = self.play, None
+        if play is None:
+            return {}
+        out: dict[str, Any] = {}
+        try:
+            for node_id, proc in play.get("_decommissions", []):
+                out["decommission_rc"] = await self._await_decommission("split", node_id, proc)
+                if node_id in self.topo.ids:
+                    out["exit_code"] = await self._await_exit("split", node_id)
+                    await self.topo.drop_member(node_id)
+        finally:
+            view = await self.topo.wait_ring_settled(self.heal_timeout)
+        took = round(time.monotonic() - play["started"], 2)
+        views = await self.topo.ring_views([i for i in self.topo.ids
+                                            if i not in self.topo.killed])
+        forms = {i: _ring_form(v) for i, v in views.items()}
+        one = view is not None and len(set(forms.values())) == 1 and None not in forms.values()
+        changes = play.get("changes", [])
+        final = view or {"members": []}
+        effect = [c for c in changes if _took_effect(c, final)]
+        problems = judge(changes, effect, one, final, bridged=bool(play.get("bridges")))
+        members = [m["id"] for m in final.get("members", []) if m.get("state") != "left"]
+        detail = {"settled": view is not None, "one_membership": one,
+                  "version": final.get("version"), "members": members,
+                  "took_effect": [_what(c) for c in effect], "seconds": took,
+                  **({"problems": problems} if problems else {}), **out}
+        if not one:
+            detail["rings"] = {i: _brief(v) for i, v in views.items()}
+        self._step("split", "finished" if view is not None else "stuck", **detail)
+        return detail
+
+
+def _held_state(ring: dict[str, Any], node_id: str) -> str | None:
+    """A member's state in the membership (``/v1/ring`` shows ``down`` for one not live):
+    a down member of a settled ring counts as the voter it is (normal, or leaving while its
+    move is under way)."""
+    move = ring.get("move") or {}
+    for m in ring.get("members", []):
+        if m.get("id") == node_id:
+            state = m.get("state")
+            if state == "down":
+                return "leaving" if move.get("leaving") == node_id else (
+                    "joining" if move.get("joining") == node_id else "normal")
+            return str(state)
+    return None
+
+
+def _ring_form(view: dict[str, Any] | None) -> tuple[Any, ...] | None:
+    """What a member's ``/v1/ring`` says of the membership itself (not of liveness or
+    shedding): version, rf, vnodes, claimant, every member with its address, state and the
+    version it joined at."""
+    if view is None:
+        return None
+    return (view.get("version"), view.get("rf"), view.get("vnodes"), view.get("claimant"),
+            tuple(sorted((str(m.get("id")), str(m.get("addr")), str(m.get("state")),
+                          str(m.get("since"))) for m in view.get("members", []))))
+
+
+def _took_effect(change: dict[str, Any], ring: dict[str, Any]) -> bool:
+    states = {m.get("id"): m.get("state") for m in ring.get("members", [])}
+    if change["change"] == "join":
+        return states.get(change["node"]) not in (None, "left")
+    return states.get(change["node"]) in (None, "left", "leaving")
+
+
+def _what(change: dict[str, Any]) -> str:
+    return f"{change['change']} {change['node']}"
+
+
+def judge(changes: list[dict[str, Any]], effect: list[dict[str, Any]], one: bool,
+          ring: dict[str, Any], *, bridged: bool = False) -> list[str]:
+    """What is wrong with a split play's end (nothing: an empty list): not one membership on
+    the live members, more than one change in it, a change answered but not in it or in it
+    though refused, a side without a majority answered or refused for another reason than
+    that, the only side with one refused. ``bridged``: some member saw both sides (it joined after
+    the cluster started, so its links bypass the proxies), and a side without a majority may
+    have learnt the other side's version through it before its own change was asked: then
+    any refusal will do (a move under way, say). Through bridges both sides may reach a
+    majority: then one of them at most is answered (the voters they share choose)."""
+    problems = []
+    if not one:
+        problems.append("the live members do not show one settled membership")
+    if len(effect) > 1:
+        problems.append("both sides' changes took effect: "
+                        + ", ".join(_what(c) for c in effect))
+    for c in changes:
+        took = c in effect
+        if c.get("accepted") and not took:
+            problems.append(f"{_what(c)} was answered (version {c.get('version')}) but is not "
+                            f"in the final membership v{ring.get('version')}")
+        if not c.get("accepted") and took:
+            problems.append(f"{_what(c)} was refused but took effect")
+        if c.get("majority") and not c.get("accepted") and sum(
+                1 for x in changes if x.get("majority")) == 1:
+            problems.append(f"{_what(c)} was refused on the side with a majority "
+                            f"({' '.join(c['side'])}): {c.get('answer')}")
+        if not c.get("majority") and (c.get("accepted")
+                                      or not (c.get("no_majority") or bridged)):
+            problems.append(f"{_what(c)} on the side without a majority "
+                            f"({' '.join(c['side'])}) was not refused for want of one: "
+                            f"{c.get('answer')}")
+    return problems

@@ -25,6 +25,12 @@ one fault at a time, going round the chosen nemeses in a shuffled order so every
                     a member is decommissioned, a killed member is replaced (--replace), or the
                     joining or leaving node is killed -9 mid-move and restarted; each heal
                     waits until the move finished on every member (client.chaos.membership)
+    split-membership  (not a default) the peer links between two halves of the members cut,
+                    and a different change asked through a member of each half at once (a
+                    join on one, a decommission on the other; two joins at rf members): the
+                    half without a majority of the voters must be refused ("no majority"),
+                    the other answered; healed, every live member must show one membership
+                    holding exactly the answered change (the run is INVALID otherwise)
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from client.chaos.history import History
-from client.chaos.membership import MembershipPlays, move_hold
+from client.chaos.membership import MembershipPlays, SplitPlays, move_hold, node_flag
 from client.chaos.topology import Topology
 from cluster.core.clock import OFFSET_ENV
 
@@ -320,10 +326,57 @@ class Membership(Nemesis):
         return await self.plays.finish() if self.plays is not None else None
 
 
+class SplitMembership(Nemesis):
+    """A partition with a membership change asked on each side (``SplitPlays``): the peer
+    links between two halves of the members cut (``partition_pairs``' halves, down or
+    blackholed), a different change asked through a member of each half at once, the answers
+    recorded, then healed and judged: one membership on every live member, the changes in it
+    exactly the ones answered (at most one, one when a half had a majority of the voters).
+    Not a default: a play lasts a move (``--window`` 2 s, as for ``membership``)."""
+
+    name = "split-membership"
+    needs = "peer-links"
+    default = False
+
+    def __init__(self) -> None:
+        self.plays: SplitPlays | None = None
+
+    def missing(self, topo: Topology) -> str | None:
+        if topo.cluster is None:
+            return "needs a local cluster (it starts new node processes)"
+        if len(topo.linked_ids) < 3:
+            return "needs 3 or more nodes"
+        return super().missing(topo)
+
+    def lasts(self, topo: Topology) -> float:
+        assert topo.cluster is not None
+        args = list(topo.cluster.extra_args)
+        # the cut seen, the side without a majority refused (two quorum timeouts), a move
+        return move_hold(args) + 2 * node_flag(args, "--quorum-timeout", 2.0) + 3.0
+
+    async def start(self, topo: Topology, rng: random.Random) -> dict[str, Any]:
+        if self.plays is None or self.plays.topo is not topo:  # a new run
+            self.plays = SplitPlays(topo, self.history)
+        self.plays.history = self.history
+        live = [i for i in topo.ids if i not in topo.killed]
+        linked = [i for i in topo.linked_ids if i in live]
+        pairs, detail = partition_pairs(linked, "halves", rng)
+        mode = rng.choice(["down", "blackhole"])
+        await topo.cut(pairs, mode=mode)
+        # members that joined later dial every peer directly: they see both halves
+        bridges = [i for i in live if i not in linked]
+        play = await self.plays.begin_split(rng, (detail["side"], detail["rest"]), bridges)
+        return {**play, "mode": mode}
+
+    async def stop(self, topo: Topology) -> dict[str, Any] | None:
+        await topo.heal_network()
+        return await self.plays.finish() if self.plays is not None else None
+
+
 ALL: dict[str, Nemesis] = {n.name: n for n in (
     LostAck(), Drop(), Duplicate(), LateDuplicate(), Delay(), Reset(), Down(), Kill(), Pause(),
     Clock(), Partition(),
-    PeerMessages(), Membership())}
+    PeerMessages(), Membership(), SplitMembership())}
 
 
 def choose(names: Sequence[str] | None, topo: Topology) -> tuple[list[Nemesis], dict[str, str]]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from client.chaos.runner import ChaosResult
@@ -38,6 +38,8 @@ def render(res: ChaosResult) -> str:
             lines.append(f"  - {p}")
         if not res.healthy:
             lines.append("  - some node did not answer /v1/health after healing")
+        for p in res.membership_problems:
+            lines.append(f"  - membership: {p}")
     lines.append(f"history: {res.history_path}")
     lines.append("=" * 72)
     return "\n".join(lines)
@@ -47,6 +49,9 @@ def _membership(res: ChaosResult) -> list[str]:
     """One line per membership change: what, ring versions, how the heal went."""
     lines = []
     for p in res.played:
+        if p["nemesis"] == "split-membership":
+            lines.append(_split(p))
+            continue
         if p["nemesis"] != "membership":
             continue
         kind, node, healed = p.get("kind"), p.get("node"), p.get("healed") or {}
@@ -68,6 +73,30 @@ def _membership(res: ChaosResult) -> list[str]:
                      + (f"; members {' '.join(healed['members'])}" if healed.get("members")
                         else ""))
     return lines
+
+
+def _split(p: dict[str, Any]) -> str:
+    """One line for a split-membership play: the halves, what each was asked through whom and
+    what it answered, and the membership every live member ended with."""
+    healed = p.get("healed") or {}
+    asked = []
+    for c in p.get("changes", []):
+        side = " ".join(c["side"])
+        answer = (f"ok v{c.get('version')}" if c.get("accepted") else
+                  "refused: no majority" if c.get("no_majority") else
+                  f"refused: {str(c.get('answer'))[:80]}")
+        asked.append(f"[{side}]{' (majority)' if c.get('majority') else ''} "
+                     f"{c['change']} {c['node']} via {c['via']} -> {answer}")
+    if healed.get("one_membership"):
+        end = (f"one membership v{healed.get('version')} on {len(healed.get('members', []))}"
+               f" members ({' '.join(healed.get('members', []))})")
+    else:
+        end = "NOT one membership"
+    took = ", ".join(healed.get("took_effect") or []) or "none"
+    bridges = f" (bridges {' '.join(p['bridges'])})" if p.get("bridges") else ""
+    return (f"  split-membership v{p.get('version_before')} cut {p.get('mode')}{bridges}: "
+            + "; ".join(asked) + f"; healed: {end}, took effect: {took}"
+            + (f", in {healed['seconds']} s" if "seconds" in healed else ""))
 
 
 def _counts(res: ChaosResult) -> list[str]:

@@ -71,16 +71,23 @@ class ChaosResult:
 
     @property
     def valid(self) -> bool:
-        return self.report.valid and self.healthy
+        return self.report.valid and self.healthy and not self.membership_problems
+
+    @property
+    def membership_problems(self) -> list[str]:
+        """What the split-membership plays found wrong with their end (one membership, the
+        answered change in it and no other)."""
+        return [p for play in self.played for p in (play.get("healed") or {}).get("problems", [])]
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in self.__slots__ if k != "report"}
         out["valid"] = self.valid
+        out["membership_problems"] = self.membership_problems
         out["checker"] = self.report.to_dict()
         return out
 
 
-# The dedup window of local nodes when the membership nemesis plays (unless --node-arg sets
+# The dedup window of local nodes when a membership nemesis plays (unless --node-arg sets
 # one): a move lasts at least a window (plus max_clock_skew and two failure timeouts), so the
 # default 10 s would leave room for about one change in a 30 s run.
 MEMBERSHIP_WINDOW = 2.0
@@ -89,7 +96,7 @@ MEMBERSHIP_WINDOW = 2.0
 def effective(cfg: ChaosConfig) -> ChaosConfig:
     """``cfg`` with the node flags the chosen nemeses need (``MEMBERSHIP_WINDOW``)."""
     args = list(cfg.node_args)
-    if ("membership" in (cfg.nemeses or ()) and not cfg.urls
+    if (not {"membership", "split-membership"}.isdisjoint(cfg.nemeses or ()) and not cfg.urls
             and not any(a == "--window" or a.startswith("--window=") for a in args)):
         return dataclasses.replace(cfg, node_args=(*args, "--window", f"{MEMBERSHIP_WINDOW:g}"))
     return cfg

@@ -303,8 +303,14 @@ class Topology:
         proxy in front of it, its URL told to ``on_members``. Raises what its start raised
         (``StartError``: it exited with its own error line)."""
         assert self.cluster is not None, "membership changes need a local cluster"
-        self.membership_changed = True
         node = self.cluster.add_node(node_id, join=join, replaces=replaces)
+        return await self.start_member(node, timeout=timeout)
+
+    async def start_member(self, node: NodeProcess, *, timeout: float = 60.0) -> NodeProcess:
+        """Start ``node`` (made by ``cluster.add_node``, not started yet: the split play asks
+        its join first, with its address) and make it a member here, as ``add_member``."""
+        node_id = node.id
+        self.membership_changed = True
         await node.start(timeout=timeout)
         self.node_urls[node_id] = node.url
         self.client_proxies[node_id] = await self.proxies.create(
