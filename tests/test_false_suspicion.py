@@ -22,6 +22,9 @@ from test_fault_inprocess import (
     until,
 )
 
+from cluster.core.ops import Op
+from cluster.transport.wire import Kind, Status
+
 pytestmark = pytest.mark.timeout(90)
 
 
@@ -74,3 +77,32 @@ async def test_a_first_attempt_at_the_primary_and_at_a_suspecting_replica_counts
 async def test_a_first_attempt_read_late_by_the_primary_is_refused_by_the_claims(
         tmp_path: Path) -> None:
     await _first_attempts(tmp_path, at_once=False)
+
+
+async def test_a_delete_retried_at_another_leader_after_its_ack_removes_nothing_new(
+        tmp_path: Path) -> None:
+    """A delete acknowledged by n1 (n2 never got its copy), then an add acknowledged on top of
+    it; then a copy of the delete (its retry, or a first attempt that waited in n2's socket while
+    n2 was frozen) led by n2, which takes n1 for dead. n2 must find the delete on the replicas
+    (it is a retry, or stale): a second application would read the key again and floor the new
+    add away, losing an acknowledged op."""
+    key = key_with(("n1", "n2", "n3"))
+    client = Client()
+    try:
+        async with cluster(tmp_path) as c:
+            n1, n2 = c.servers["n1"].node, c.servers["n2"].node
+            assert (await client.add(c.url("n1"), "t", key, "a:1", 5))[0] == 200
+            c.fault("n1", "n2", {int(Kind.REPLICATE)})  # n2 misses the delete's floors
+            born = n1.clock()
+            assert await n1.lead_deletes([Op("t", key, "d:1", 0, 1)], [born]) == [
+                int(Status.APPLIED)]
+            assert (await client.add(c.url("n1"), "t", key, "a:2", 3))[0] == 200
+            c.heal()
+            c.fault("n2", "n1")
+            await sees_down(c, "n2", "n1")
+            stale = await n2.lead_deletes([Op("t", key, "d:1", 0, 2)], [born])
+            assert stale[0] in (int(Status.DUPLICATE), int(Status.UNAVAILABLE)), stale
+            c.heal()
+            await converged(c, client, key, 3, timeout=20.0)
+    finally:
+        await client.close()

@@ -25,7 +25,7 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from cluster.core.ops import ITEM_ORIGIN, ItemFields, Op
@@ -61,6 +61,9 @@ class Node(Host, Protocol):
 
     def learn(self, table: str, key: str, op_id: str, entry: CounterEntry
               ) -> asyncio.Future[None]: ...
+
+# leads ops a check let through, each with the monotonic time after which it must not apply
+Lead = Callable[[list[Op], list[float]], Awaitable[list[int]]]
 
 log = logging.getLogger("cluster.checks")
 
@@ -205,10 +208,12 @@ def on_holds(node: Node, items: list[list[Any]], peer: str = "?") -> list[list[A
     return out
 
 
-async def lead_checked(node: Node, ops: list[Op], births: Sequence[float] | None = None
-                       ) -> list[int]:
+async def lead_checked(node: Node, ops: list[Op], births: Sequence[float] | None = None,
+                       lead: Lead | None = None) -> list[int]:
     """Lead a batch in which some ops need the cross-replica check (see ``needs_check``);
-    ``births``: when the client first sent each op (wall clock; unknown when not given)."""
+    ``births``: when the client first sent each op (wall clock; unknown when not given).
+    ``lead``: what leads the ops let through, with each op's time limit (deletes); by default
+    ``node.lead_plain``, whose admission also reads the checks' leases."""
     statuses = [_UNAVAILABLE] * len(ops)
     plain: list[int] = []
     checks = []
@@ -230,12 +235,14 @@ async def lead_checked(node: Node, ops: list[Op], births: Sequence[float] | None
         if res is None:
             to_lead.append(i)
             _table, _key, op_id, _delta, _attempt = ops[i]
-            node.leases[op_id] = deadline  # the apply checks it (Admission._claimed)
+            if lead is None:
+                node.leases[op_id] = deadline  # the apply checks it (Admission._claimed)
             limits[i] = min(limits[i], deadline)
         else:
             statuses[i] = res
     if to_lead:
-        led = await node.lead_plain([ops[i] for i in to_lead], [limits[i] for i in to_lead])
+        led = await (lead or node.lead_plain)([ops[i] for i in to_lead],
+                                               [limits[i] for i in to_lead])
         for i, s in zip(to_lead, led, strict=True):
             statuses[i] = s
             if s == _APPLIED and i in idx_checked:

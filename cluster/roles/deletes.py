@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from cluster.core.entry import LAST, CounterEntry
 from cluster.core.errors import Unavailable
 from cluster.core.ops import ItemFields, Op
+from cluster.roles.claims import Claims
 from cluster.roles.host import Host
 from cluster.roles.leader import Leader
 from cluster.roles.reads import read_entries
@@ -45,17 +46,24 @@ class Node(Host, Protocol):
 
     leader: Leader
     log: DurableLog
+    claims: Claims
 
     def clock(self) -> float: ...
+
+    def monotonic(self) -> float: ...
 
     def is_live(self, node: str) -> bool: ...
 
     def on_repair(self, items: list[list[Any]], op_id: str = "") -> asyncio.Future[None]: ...
 
 
-async def lead_deletes(node: Node, ops: Sequence[Op], *, only_expired: bool = False
-                       ) -> list[int]:
+async def lead_deletes(node: Node, ops: Sequence[Op], limits: Sequence[float] | None = None,
+                       *, only_expired: bool = False) -> list[int]:
     """Delete the keys of ``ops`` (deletes this node leads); a status each, in order.
+    ``limits``: per op, the monotonic time after which it must not be applied (its window from
+    its birth, cut by its check's lease: ``checks.lead_checked``); one past it answers 503, as
+    one claimed here for another node's check does. A delete applied twice is not harmless: the
+    second reads the key again and floors away what was added since the first.
     ``only_expired``: deletes by time, each made only if the key's entry as the read quorum
     has it is expired too (this node's own copy may have missed a later write); one that is
     not answers duplicate, having changed nothing."""
@@ -76,7 +84,16 @@ async def lead_deletes(node: Node, ops: Sequence[Op], *, only_expired: bool = Fa
             for i, st in zip(keep, done, strict=True):
                 out[i] = st
             return out
-    # from here to the replication, no await: the dedup check, the floors and their log append
+    # from here to the replication, no await: the time limits and claims, the dedup check, the
+    # floors and their log append
+    refused = _refused(node, ops, limits)
+    if refused:
+        out = [_UNAVAILABLE] * len(ops)
+        rest = [i for i in range(len(ops)) if i not in refused]
+        done = await lead_deletes(node, [ops[i] for i in rest]) if rest else []
+        for i, st in zip(rest, done, strict=True):
+            out[i] = st
+        return out
     state = node.state
     dups = state.seen_or_add_ops(ops)
     now = node.clock()
@@ -121,6 +138,29 @@ async def lead_deletes(node: Node, ops: Sequence[Op], *, only_expired: bool = Fa
         if not await asyncio.shield(fut):
             statuses[i] = _UNAVAILABLE
     return statuses
+
+
+def _refused(node: Node, ops: Sequence[Op], limits: Sequence[float] | None) -> set[int]:
+    """The deletes that must not apply now (``Admission._claimed``, as for adds): past their
+    time limit, or claimed here for another node's check. One this node's own check claimed
+    applies, and the dedup answers for it from now on."""
+    claims, me = node.claims, node.id
+    now = node.monotonic() if limits is not None else 0.0
+    refused: set[int] = set()
+    for i, (_table, _key, op_id, _delta, _attempt) in enumerate(ops):
+        holder = claims.holder(op_id) if claims else None
+        if limits is not None and now > limits[i]:
+            refused.add(i)
+            log.info("delete %s past its time limit by %.3f s: not applied", op_id,
+                     now - limits[i])
+            if holder == me:
+                claims.release(op_id, me)
+        elif holder is not None and holder != me:
+            refused.add(i)
+        elif holder == me:
+            claims.applied(op_id)
+    node.metrics.unavailable += len(refused)
+    return refused
 
 
 def _expiry_op(table: str, key: str, entry: CounterEntry) -> Op:

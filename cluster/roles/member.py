@@ -13,6 +13,7 @@ Run as ``python -m cluster.node`` (``cluster/node.py``; the CLI is ``cluster.cli
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -492,12 +493,22 @@ class Node:
 
     def lead_deletes(self, ops: Sequence[Op], births: Sequence[float] | None = None
                      ) -> asyncio.Future[list[int]]:
-        """Lead deletes (``cluster.roles.deletes``); a node still recovering leads none."""
+        """Lead deletes (``cluster.roles.deletes``); a node still recovering leads none. As
+        adds are: retries, stale copies and every delete while a peer was recently down are
+        first checked on the replicas, and none applies past its time limit."""
         if not self.ready or self.refuses_clock(len(ops)):
             done: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
             done.set_result([_UNAVAILABLE] * len(ops))
             return done
-        return asyncio.ensure_future(deletes.lead_deletes(self, ops))
+        if self.is_live == self.detector.is_live:
+            self.detector.check_all()  # after a pause, see the silence before leading anything
+        lead = functools.partial(deletes.lead_deletes, self)
+        degraded = self.recently_degraded()
+        suspected = self.state.suspected if self.state.pulled else None
+        if any(needs_check(op, degraded, suspected) for op in ops):
+            return asyncio.ensure_future(checks.lead_checked(self, list(ops), births, lead))
+        return asyncio.ensure_future(
+            lead(ops, None if births is None else checks.birth_limits(self, ops, births)))
 
     async def delete(self, ops: Sequence[Op], births: Sequence[float] | None = None
                      ) -> list[int]:
