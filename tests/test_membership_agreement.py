@@ -165,3 +165,21 @@ async def test_a_five_member_cluster_agrees_on_the_side_with_three(tmp_path: Pat
         await until(lambda: all(ms == got for ms in c.rings().values()), 10.0,
                     "every member at version 2 with ttl 2", c)
         assert c.node("n1").membership.table("t").ttl_s == 2  # type: ignore[union-attr]
+
+
+async def test_an_unconfirmed_change_is_completed_by_the_claimant_once_a_majority_is_back(
+        tmp_path: Path) -> None:
+    """As above, but nobody asks another change: the claimant, holding the value it accepted
+    alone, proposes it again once the others are back, and every member installs it."""
+    async with cluster(tmp_path) as c:
+        n1 = c.node("n1")
+        for link in n1.links.values():
+            link.fault = lambda kind, items: kind == Kind.RING and any(
+                isinstance(i, dict) and i.get("op") in ("accept", "install") for i in items)
+        with pytest.raises(MembershipError, match="no majority: change not confirmed"):
+            await n1.changes.change({"change": "table", "name": "a", "ttl_s": 5})
+        assert all(ms.version == 1 for ms in c.rings().values())
+        c.heal()
+        await until(lambda: all(ms.version == 2 and ms.table("a") is not None
+                                for ms in c.rings().values()), 10.0,
+                    "every member at version 2 with table a", c)

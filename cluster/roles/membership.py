@@ -358,6 +358,26 @@ class Changes:
             if loop.time() >= deadline:
                 raise self._no_majority(who, answers, version, True)
 
+    async def complete(self, ms: Membership) -> None:
+        """A version this node accepted and no majority confirmed (its proposer answered "not
+        confirmed"): propose it again once a majority is back, so that it takes effect now
+        rather than at the next change. The move driver's, every round."""
+        node = self.node
+        pending = self.votes.get(ms.version + 1).value
+        if pending is None or self.lock.locked() or node.membership is not ms:
+            return
+        who = voters(ms)
+        if sum(1 for v in who if v == node.id or node.is_live(v)) < majority(len(who)):
+            return  # not before a majority is back
+        try:
+            async with self.lock:
+                if node.membership is ms:
+                    chosen = await self.agree(ms, Membership.from_wire(pending))
+                    log.info("membership version %d completed", chosen.version)
+                    await push(node, chosen)
+        except Exception as exc:  # noqa: BLE001 - next round
+            log.info("version %d not completed yet: %r", ms.version + 1, exc)
+
     def _decided(self, answers: dict[str, Any], version: int) -> Membership | None:
         """A voter that installed ``version`` or newer answered its ring: that version was
         chosen, and this node was behind. It installs the newest such ring."""
@@ -539,6 +559,8 @@ async def move_loop(node: Node, changes: Changes, interval: float = 1.0) -> None
     while True:
         await asyncio.sleep(interval)
         ms = node.membership
+        if _driver(ms, node) == node.id:
+            await changes.complete(ms)
         if not ms.moving or _driver(ms, node) != node.id:
             continue
         if node.clock() < ms.moving_since + step_hold(node, ms):
