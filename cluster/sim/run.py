@@ -222,7 +222,7 @@ class _Nemesis:
             got = await asyncio.wait_for(claimant.call(lambda: node.changes.change(req)), 10.0)
         except Exception as exc:  # noqa: BLE001 - refused, or lost on the way
             self.note(f"membership change failed: {exc!r}")
-            new = self.made(spare.id if spare is not None else "")
+            new = await self.made(spare.id if spare is not None else "", 20.0)
             if new is None:  # the cluster is unchanged
                 if what == "replace":  # nobody took its place: it was not dead after all
                     w.unretire(w.hosts[victim])
@@ -234,13 +234,21 @@ class _Nemesis:
         if what in ("join", "replace") and spare is not None:
             w.join(spare, new)
 
-    def made(self, joiner: str) -> Membership | None:
-        """The newest membership any disk holds, if ``joiner`` is in it: a change whose answer
-        was lost (its claimant crashed after writing it) that the operator finds made."""
-        rings = [h.disk.ring for h in self.world.hosts.values() if h.disk.ring is not None]
-        newest = max(rings, key=lambda m: m.version, default=None)
-        if joiner and newest is not None and newest.get(joiner) is not None:
-            return newest
+    async def made(self, joiner: str, wait: float) -> Membership | None:
+        """The newest membership any disk holds once ``joiner`` is in it: a change whose answer
+        was lost (its claimant crashed after writing it, or the operator's command timed out
+        while the members still agreed on it) that the operator, reading ``/v1/ring`` for
+        ``wait`` seconds, finds made. None if it is not by then."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while joiner:
+            rings = [h.disk.ring for h in self.world.hosts.values() if h.disk.ring is not None]
+            newest = max(rings, key=lambda m: m.version, default=None)
+            if newest is not None and newest.get(joiner) is not None:
+                return newest
+            if loop.time() >= deadline:
+                break
+            await asyncio.sleep(1.0)
         return None
 
     async def crash(self, host: Host) -> str:
