@@ -16,7 +16,7 @@ from cluster.roles.antientropy import antientropy_loop
 from cluster.roles.expiry import expiry_loop
 from cluster.roles.failure import heartbeat_loop
 from cluster.roles.member import Node
-from cluster.roles.membership import depart, move_loop
+from cluster.roles.membership import VoteStore, depart, move_loop
 from cluster.roles.settle import settle_loop
 from cluster.roles.shed import shed_loop
 from cluster.sim.disk import SimDisk, SimLog
@@ -169,7 +169,8 @@ class World:
                     log=cast(DurableLog, SimLog(host.disk)),
                     incarnation=host.disk.next_incarnation, members=ms,
                     dial=lambda pid: cast(PeerLink, SimLink(self.net, host, pid)),
-                    keep_ring=lambda kept: setattr(host.disk, "ring", kept))
+                    keep_ring=lambda kept: setattr(host.disk, "ring", kept),
+                    votes=VoteStore.kept_on(host.disk))
         host.node = node
         host.spawn(self._serve(host, node))
 
