@@ -328,3 +328,9 @@ def test_a_split_play_with_bridges_on_both_majorities_needs_one_answer_at_most()
     b = {"side": ["n2", "n3"], "majority": True, "change": "join", "node": "n6", "via": "n2",
          "accepted": False, "no_majority": True, "answer": "no majority"}
     assert judge([a, b], [], True, ring, bridged=True) == []
+    # refused as not confirmed, and completed by the move driver after the heal
+    c = {**b, "answer": "no majority: change not confirmed", "completed_later": True}
+    assert judge([a, c], [c], True, ring, bridged=True) == []
+    d = {**c, "completed_later": False}
+    assert judge([a, d], [d], True, ring, bridged=True) == [
+        "join n6 was refused but took effect"]

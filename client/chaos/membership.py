@@ -467,6 +467,30 @@ class SplitPlays(MembershipPlays):
             raise
         self._step("split", "started", node=node_id)
 
+    async def _completed_later(self, play: dict[str, Any], timeout: float = 10.0) -> None:
+        """A change refused as "not confirmed" (its proposer sent accepts, no majority
+        answered) may still be chosen, and the move driver completes it once a majority is
+        back: look for it in the rings for ``timeout`` after the heal, and carry it out if it
+        took effect (start the joiner, wait for the decommission)."""
+        pending = [c for c in play.get("changes", [])
+                   if not c.get("accepted") and "not confirmed" in str(c.get("answer"))]
+        deadline = time.monotonic() + timeout
+        while pending:
+            views = await self.topo.ring_views(self._live())
+            for c in list(pending):
+                if any(v is not None and _took_effect(c, v) for v in views.values()):
+                    pending.remove(c)
+                    c["completed_later"] = True
+                    self._step("split", "completed", change=c["change"], node=c["node"])
+                    if c["change"] == "join":
+                        await self._start_joiner(c)
+                    else:
+                        play.setdefault("_decommissions", []).append((c["node"], (
+                            await self._decommission(c["node"], via=self._live(but=c["node"])))))
+            if not pending or time.monotonic() > deadline:
+                return
+            await asyncio.sleep(0.3)
+
     async def finish(self) -> dict[str, Any]:
         """After the heal: wait for an admitted decommission, then until every live member
         shows the same settled ring; judge the play (``problems``)."""
@@ -475,6 +499,7 @@ class SplitPlays(MembershipPlays):
             return {}
         out: dict[str, Any] = {}
         try:
+            await self._completed_later(play)
             for node_id, proc in play.get("_decommissions", []):
                 out["decommission_rc"] = await self._await_decommission("split", node_id, proc)
                 if node_id in self.topo.ids:
@@ -548,7 +573,8 @@ def judge(changes: list[dict[str, Any]], effect: list[dict[str, Any]], one: bool
     the cluster started, so its links bypass the proxies), and a side without a majority may
     have learnt the other side's version through it before its own change was asked: then
     any refusal will do (a move under way, say). Through bridges both sides may reach a
-    majority: then one of them at most is answered (the voters they share choose)."""
+    majority: then one of them at most is answered (the voters they share choose), and a
+    change refused as not confirmed may be completed after the heal (``completed_later``)."""
     problems = []
     if not one:
         problems.append("the live members do not show one settled membership")
@@ -560,7 +586,7 @@ def judge(changes: list[dict[str, Any]], effect: list[dict[str, Any]], one: bool
         if c.get("accepted") and not took:
             problems.append(f"{_what(c)} was answered (version {c.get('version')}) but is not "
                             f"in the final membership v{ring.get('version')}")
-        if not c.get("accepted") and took:
+        if not c.get("accepted") and took and not c.get("completed_later"):
             problems.append(f"{_what(c)} was refused but took effect")
         if c.get("majority") and not c.get("accepted") and sum(
                 1 for x in changes if x.get("majority")) == 1:

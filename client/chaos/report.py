@@ -85,6 +85,8 @@ def _split(p: dict[str, Any]) -> str:
         answer = (f"ok v{c.get('version')}" if c.get("accepted") else
                   "refused: no majority" if c.get("no_majority") else
                   f"refused: {str(c.get('answer'))[:80]}")
+        if c.get("completed_later"):
+            answer += ", completed after the heal"
         asked.append(f"[{side}]{' (majority)' if c.get('majority') else ''} "
                      f"{c['change']} {c['node']} via {c['via']} -> {answer}")
     if healed.get("one_membership"):
