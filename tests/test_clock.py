@@ -32,10 +32,12 @@ def test_offset_clock_moves_the_base_clock() -> None:
 
 
 def exchange(clocks: PeerClocks, peer: str, true_offset: float, out: float, back: float,
-             ours: float = 1000.0) -> float:
-    """One PING to ``peer`` whose clock is ``true_offset`` ahead: ``out`` seconds on the way
-    there, ``back`` on the way back. Returns the sample's offset."""
-    peer_wall = ours + out + true_offset  # the peer stamps its answer when the PING arrives
+             step: float = 0.0) -> float:
+    """One PING to ``peer`` whose clock is ``true_offset`` ahead of our (unstepped) clock:
+    ``out`` seconds on the way there, ``back`` on the way back; our wall clock reads 900 s more
+    than the monotonic one, plus ``step``. Returns the sample's offset."""
+    ours = 900.0 + step + clocks.monotonic() - (out + back)  # our wall clock when it left
+    peer_wall = ours - step + out + true_offset  # the peer stamps its answer when it arrives
     return clocks.sample(peer, ours, out + back, peer_wall).offset
 
 
@@ -89,3 +91,36 @@ def test_refuses_while_a_majority_of_the_measured_peers_disagree() -> None:
     mono.now += 5.5  # n2 stale, n3 fresh and off: one of one
     exchange(clocks, "n3", 5.0, 0.001, 0.001)
     assert clocks.refusing and changes == [True, False, True]
+
+
+def test_a_step_of_our_own_clock_voids_the_samples_and_refuses_until_a_fresh_one() -> None:
+    """Before, the shortest-round-trip sample from before the step still said all was well
+    for up to ``stale_after``: the node counted by a clock seconds off."""
+    mono = FakeMonotonic()
+    clocks = PeerClocks(1.0, monotonic=mono, stale_after=5.0)
+    for peer in ("n2", "n3"):
+        exchange(clocks, peer, 0.0, 0.001, 0.001)
+    assert not clocks.refusing and not clocks.watch(900.0 + mono.now, mono.now)
+    mono.now += 0.5
+    assert not clocks.watch(900.0 + mono.now + 0.2, mono.now)  # within a quarter: a slew
+    mono.now += 0.5
+    assert clocks.watch(900.0 + mono.now - 3.0, mono.now)  # stepped 3 s back
+    assert clocks.refusing and clocks.offsets() == {} and clocks.steps == 1
+    # the first fresh sample says where our clock stands: 3 s behind its peers
+    assert exchange(clocks, "n2", 0.0, 0.001, 0.001, step=-3.0) == pytest.approx(3.0)
+    assert clocks.refusing
+    mono.now += 2.0
+    assert clocks.watch(900.0 + mono.now, mono.now)  # stepped back into line
+    assert clocks.refusing
+    exchange(clocks, "n2", 0.0, 0.001, 0.001)
+    assert not clocks.refusing
+
+
+def test_a_node_with_no_peer_to_measure_counts_again_after_a_step() -> None:
+    mono = FakeMonotonic()
+    clocks = PeerClocks(1.0, monotonic=mono, stale_after=5.0)
+    clocks.watch(900.0 + mono.now, mono.now)
+    mono.now += 1.0
+    assert clocks.watch(900.0 + mono.now + 2.0, mono.now) and clocks.refusing
+    mono.now += 5.5
+    assert not clocks.update()

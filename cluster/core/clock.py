@@ -10,6 +10,13 @@ a round trip ``rtt`` later (measured on the monotonic clock), so the peer's cloc
 ours by ``tp - (t0 + rtt / 2)``, give or take ``rtt / 2``. Of the last samples the one with the
 shortest round trip is kept (Mills, RFC 5905 section 10: the clock filter). No I/O; both clocks
 are arguments.
+
+A step of our own wall clock (NTP stepping it, an operator setting it) voids every sample taken
+before it: ``watch`` compares the wall clock with the monotonic one at each reading the node
+makes before it leads, and at each sample; when their difference moved by more than a quarter
+of the tolerance, the samples are dropped and the node refuses until a fresh one says where its
+clock stands. Without it, the shortest-round-trip sample from before the step kept the node
+counting by a clock seconds off for up to ``stale_after``.
 """
 
 from __future__ import annotations
@@ -68,6 +75,10 @@ class PeerClocks:
         self.keep = keep
         self.stale_after = stale_after
         self._samples: dict[str, deque[Sample]] = {}
+        self.step_tolerance = tolerance / 4.0
+        self._base: float | None = None  # wall minus monotonic at the last reading
+        self._stepped: float | None = None  # when our clock stepped, if no sample came since
+        self.steps = 0
         # read on every request, so kept as a flag: ``update`` (each sample, each heartbeat
         # round) recomputes it and calls ``on_change`` when it flips
         self.refusing = False
@@ -77,13 +88,28 @@ class PeerClocks:
         """Record one exchange: sent at our ``sent_wall``, answered with ``peer_wall`` after
         ``rtt`` seconds."""
         rtt = max(0.0, rtt)
-        s = Sample(peer_wall - (sent_wall + rtt / 2.0), rtt, self.monotonic())
+        now = self.monotonic()
+        self.watch(sent_wall, now - rtt)
+        s = Sample(peer_wall - (sent_wall + rtt / 2.0), rtt, now)
         q = self._samples.get(peer)
         if q is None:
             q = self._samples[peer] = deque(maxlen=self.keep)
         q.append(s)
         self.update()
         return s
+
+    def watch(self, wall: float, mono: float) -> bool:
+        """Our wall clock read at monotonic time ``mono``: True when it stepped since the last
+        reading (then every sample is void, and ``refusing`` holds until a fresh one)."""
+        base = wall - mono
+        prev, self._base = self._base, base
+        if prev is None or abs(base - prev) <= self.step_tolerance:
+            return False
+        self.steps += 1
+        self._samples.clear()
+        self._stepped = mono
+        self.update()
+        return True
 
     def best(self, peer: str) -> Sample | None:
         """The fresh sample of ``peer`` with the shortest round trip, if any."""
@@ -114,9 +140,14 @@ class PeerClocks:
 
     def update(self) -> bool:
         """``refusing``: True while a strict majority of the freshly measured peers are skewed
-        from us."""
+        from us, or our clock stepped and nobody was measured since (for ``stale_after`` at
+        most: a node with no peer to measure counts again then)."""
         measured = sum(1 for p in self._samples if self.best(p) is not None)
-        refusing = measured > 0 and 2 * len(self.skewed()) > measured
+        if measured or (self._stepped is not None
+                        and self.monotonic() - self._stepped > self.stale_after):
+            self._stepped = None  # measured since; or no peer to measure (alone): as before
+        refusing = (measured > 0 and 2 * len(self.skewed()) > measured) or (
+            self._stepped is not None)
         if refusing != self.refusing:
             self.refusing = refusing
             if self.on_change is not None:

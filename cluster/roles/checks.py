@@ -310,6 +310,9 @@ async def _check_one(node: Node, op: Op, born: float | None = None
         # another leader's application (or check) is still open: retry decides later
         release_claims(node, table, key, op_id)
         return _UNAVAILABLE, deadline
+    # WITHDRAWN says the asked node cancelled its own application, not that another stands
+    # (an op past its window that no replica held is withdrawn too): no claim, no evidence
+    answers = [a for a in answers if a[1] != WITHDRAWN]
     for _, held, _, entry in answers:
         if held:
             release_claims(node, table, key, op_id)
@@ -394,11 +397,14 @@ async def confirm_duplicates(node: Node, ops: Sequence[tuple[str, str, str]]) ->
     def shows(i: int, got: list[tuple[str, int, CounterEntry]]) -> int:
         """Replicas that surely show op ``i``: this node (its entry covers the op) and each
         whose entry covers this node's. For an op this node withdrew, the application that
-        stands is another replica's: once every other replica answered and none has it open,
-        it is published (on W replicas), else nothing is sure."""
+        stands is another replica's: once every other replica answered, none has it open and
+        one holds it, it is published (on W replicas), else nothing is sure. A withdrawal
+        alone proves no other application: an op settled past its window is withdrawn when
+        no replica holds it at all (``settle._verdict``)."""
         ours = mine[i]
         if ours is None:
-            return w if len(got) >= others[i] and not open_elsewhere(got) else 0
+            return w if (len(got) >= others[i] and not open_elsewhere(got)
+                         and any(held == HELD for _, held, _ in got)) else 0
         return 1 + sum(e.dominates(ours) for _, _, e in got)
 
     def decided() -> bool:

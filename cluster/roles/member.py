@@ -312,7 +312,11 @@ class Node:
     def refuses_clock(self, count: int = 1) -> bool:
         """True (and ``count`` refusals counted) while this node's clock disagrees with a
         majority of its peers': an op judged by a wrong clock could be counted twice."""
-        if self.clocks.refusing:
+        clocks = self.clocks
+        if clocks.watch(self.clock(), self.monotonic()):
+            log.warning("this node's wall clock stepped: it counts again once a peer's clock "
+                        "says where it stands")
+        if clocks.refusing:
             self.metrics.clock_skew_refusals += count
             return True
         return False
