@@ -183,3 +183,20 @@ async def test_an_unconfirmed_change_is_completed_by_the_claimant_once_a_majorit
         await until(lambda: all(ms.version == 2 and ms.table("a") is not None
                                 for ms in c.rings().values()), 10.0,
                     "every member at version 2 with table a", c)
+
+
+async def test_two_proposers_at_once_end_with_one_value_per_version(tmp_path: Path) -> None:
+    """n2 and n3 propose different table settings at the same moment, neither through the
+    claimant: each version gets one value, the change that lost version 2 is applied again on
+    top of the winner, and every member ends with both."""
+    async with cluster(tmp_path) as c:
+        a, b = await asyncio.gather(
+            c.node("n2").changes.apply({"change": "table", "name": "a", "ttl_s": 5}),
+            c.node("n3").changes.apply({"change": "table", "name": "b", "ttl_s": 6}))
+        got = [Membership.from_wire(x) for x in (a, b)]
+        assert sorted(ms.version for ms in got) == [2, 3]
+        final = max(got, key=lambda ms: ms.version)
+        assert final.table("a") is not None and final.table("b") is not None
+        await until(lambda: all(ms == final for ms in c.rings().values()), 10.0,
+                    "every member at version 3", c)
+        assert all(s.node.metrics.ring_conflicts == 0 for s in c.servers.values())
