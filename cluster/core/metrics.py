@@ -105,6 +105,7 @@ class NodeMetrics:
     overflows: int = 0
     clock_skew_refusals: int = 0
     clock_skew_episodes: int = 0
+    minority_refusals: int = 0
     stale_ring_refusals: int = 0
     ring_conflicts: int = 0
     ring_version: int = 0
@@ -216,6 +217,8 @@ def render(node: Any, auth: Any = None, edge: Any = None) -> str:
         ("clock_skew_refusals", "ops refused (503 clock_skew) while this node's clock was "
          "beyond max_clock_skew from a majority of its peers'"),
         ("clock_skew_episodes", "times this node started refusing for its clock"),
+        ("minority_refusals", "ops refused (503) while this node heard from no majority of "
+         "the membership's voters: the other side may be changing the membership"),
         ("stale_ring_refusals", "op copies and forwards refused from a peer that showed an "
          "older membership version (it learns the new one at its next heartbeat)"),
         ("ring_conflicts", "memberships seen with our version but other content (refused)"),

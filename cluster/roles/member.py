@@ -25,6 +25,7 @@ from cluster.core.config import NodeConfig
 from cluster.core.membership import LEFT, Membership, Placement
 from cluster.core.metrics import NodeMetrics
 from cluster.core.ops import Item, ItemFields, Op
+from cluster.core.paxos import majority, voters
 from cluster.core.ring import RING_HASH
 from cluster.core.shards import CounterEntry
 from cluster.roles import antientropy, checks, deletes, membership, scans, settle
@@ -309,6 +310,21 @@ class Node:
                         extra={"fields": {"node": self.id,
                                           "peer_offsets_s": self.clocks.offsets()}})
 
+    def in_minority(self, count: int = 1) -> bool:
+        """True (and ``count`` refusals counted) while this node hears from no majority of the
+        membership's voters, itself counted. The other side may then agree on a new version
+        and move keys away; writes acknowledged here, at the old version, would miss the move
+        (a 2 | 3 cut of 5 nodes lost acknowledged adds and counted others twice). Memberships
+        are agreed by a majority, so exactly one side of any cut may go on."""
+        who = voters(self.membership)
+        if len(who) > 1:
+            live = self.is_live
+            heard = sum(1 for v in who if v == self.id or live(v))
+            if heard < majority(len(who)):
+                self.metrics.minority_refusals += count
+                return True
+        return False
+
     def refuses_clock(self, count: int = 1) -> bool:
         """True (and ``count`` refusals counted) while this node's clock disagrees with a
         majority of its peers': an op judged by a wrong clock could be counted twice."""
@@ -468,12 +484,12 @@ class Node:
         """Lead ``ops``; merged with every other batch led in this loop turn. Statuses in order.
         Retries, and every op while a peer was recently down, are first checked on the replicas
         (``cluster.roles.checks``); a node still recovering leads nothing."""
-        if not self.ready or self.refuses_clock(len(ops)):
+        if self.is_live == self.detector.is_live:
+            self.detector.check_all()  # after a pause, see the silence before leading anything
+        if not self.ready or self.refuses_clock(len(ops)) or self.in_minority(len(ops)):
             done: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
             done.set_result([_UNAVAILABLE] * len(ops))
             return done
-        if self.is_live == self.detector.is_live:
-            self.detector.check_all()  # after a pause, see the silence before leading anything
         if self.state.ttl_tables and any(deletes.expire_ops(self, ops)):
             return asyncio.ensure_future(self._lead_expired(ops, births))
         return self._lead_checked(ops, births)
@@ -500,12 +516,12 @@ class Node:
         """Lead deletes (``cluster.roles.deletes``); a node still recovering leads none. As
         adds are: retries, stale copies and every delete while a peer was recently down are
         first checked on the replicas, and none applies past its time limit."""
-        if not self.ready or self.refuses_clock(len(ops)):
+        if self.is_live == self.detector.is_live:
+            self.detector.check_all()  # after a pause, see the silence before leading anything
+        if not self.ready or self.refuses_clock(len(ops)) or self.in_minority(len(ops)):
             done: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
             done.set_result([_UNAVAILABLE] * len(ops))
             return done
-        if self.is_live == self.detector.is_live:
-            self.detector.check_all()  # after a pause, see the silence before leading anything
         lead = functools.partial(deletes.lead_deletes, self)
         degraded = self.recently_degraded()
         suspected = self.state.suspected if self.state.pulled else None
