@@ -8,7 +8,8 @@ R out (L2's HOLDS to R is lost), and applies it; L2's copy reaches R too. Before
 were staged (kept hidden until their leader knew its quorum), R showed both: a read at ``one``
 on R returned twice the attempted sum until L1's withdrawal reached it. Here no read at any
 consistency, and no node's visible state, exceeds the attempted sum; after healing every
-replica counts X once. Variants: R restarts with the staged copy in its log, or in a snapshot.
+replica counts X once. Variants: R restarts with the staged copy in its log, or in a snapshot;
+W 4.
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ def configs(tmp: Path, **extra: object) -> list[NodeConfig]:
     peers = ",".join(f"{n}=127.0.0.1:{p}" for n, p in zip(NAMES, ports, strict=True))
     base = {"fsync": False, "quorum_timeout": 1.0, "heartbeat_interval": 0.05,
             "failure_timeout": 0.6, "reconcile_timeout": 3.0, "antientropy_interval": 0.5,
-            "rf": 5, "write_quorum": 3}
+            "rf": 5, "write_quorum": 3, **extra}
     return [from_mapping({"node_id": n, "listen": f"127.0.0.1:{p}", "peers": peers,
-                          "data_dir": str(tmp / n), **base, **extra})
+                          "data_dir": str(tmp / n), **base})
             for n, p in zip(NAMES, ports, strict=True)]
 
 
@@ -109,12 +110,12 @@ async def _settled(c: Cluster5) -> bool:
     return not any(s.node.pending for s in c.servers.values())
 
 
-@pytest.mark.parametrize("restart", ["none", "log", "snapshot"])
+@pytest.mark.parametrize("restart, w", [("none", 3), ("log", 3), ("snapshot", 3), ("none", 4)])
 async def test_a_replica_outside_the_claiming_majority_never_shows_a_cut_off_copy(
-        tmp_path: Path, restart: str) -> None:
+        tmp_path: Path, restart: str, w: int) -> None:
     client = Client()
     try:
-        async with cluster5(tmp_path) as c:
+        async with cluster5(tmp_path, write_quorum=w) as c:
             key, prefs = key_led_by(c, "n1", "n2")
             r = prefs[4]  # R: the replica L2's check leaves out
             majority = list(prefs[1:4])  # n2 and two others: the claims
