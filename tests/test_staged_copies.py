@@ -268,3 +268,34 @@ def test_staged_pairs_stay_hidden_in_hashes_snapshots_and_merges() -> None:
     fresh.flush_digests()
     assert fresh.visible_hash("t", "k") == s.visible_hash("t", "k")
     assert fresh.digests.checksums() == s.digests.checksums()
+
+
+@pytest.mark.parametrize("published", [False, True])
+def test_a_snapshot_cut_before_a_staged_copy_keeps_it_hidden_after_replay(
+        tmp_path: Path, published: bool) -> None:
+    """A snapshot's pages are encoded after its cut, in steps; its staged copies' visible pairs
+    are taken once every page is. A copy staged between a page's encoding and that moment (its
+    STAGED record in the log after the cut) stays hidden after loading and replaying the log;
+    one published meanwhile too (its REPLICA record) is visible."""
+    from cluster.roles.state import NodeState
+
+    cfg = configs(tmp_path)[1]
+    state = NodeState(cfg)
+    state.set_origin("n2@1")
+    state.shards.merge_pair("t", "k", "n1@1", 5, 0)
+    cut = state.snapshot_cut()
+    chunks = [next(cut._chunks)]  # every page encoded: "k" at 5
+    staged = ["y:1", "t", "k", "n1@1", 6, 0, 1, 1.0]
+    state.stage_items([staged])  # its STAGED record: after the cut
+    if published:
+        state.shards.merge_visible_items([staged])  # its REPLICA record: after the cut
+    chunks += list(cut._chunks)  # the tail: the staged copies as they are now
+    loaded = NodeState(cfg)
+    loaded.set_origin("n2@2")
+    loaded.load_blob(b"".join(cut._parts(chunks)))
+    loaded.replay(*staged[:6], staged[7], staged[6], staged=True)  # the log after the cut
+    if published:
+        loaded.replay(*staged[:6], staged[7])
+    loaded.shards.flush_digests()
+    assert loaded.shards.value("t", "k") == (6 if published else 5)
+    assert loaded.shards.pair("t", "k", "n1@1", visible=False) == (6, 0)
