@@ -210,11 +210,12 @@ class NodeState:
         return item
 
     def sweep_staged(self) -> None:
-        """Forget the staged copies a visible pair covers, and those older than twice the
-        window (every retry of them is refused as expired; their pairs stay hidden)."""
-        old = self.clock() - 2 * self.config.window
+        """Forget the staged copies a visible pair covers, and those older than twice their
+        table's window (every retry of them is refused as expired; their pairs stay hidden)."""
+        now, window = self.clock(), self.config.window
         for op_id, item in list(self.staged.items()):
-            if item[ITEM_TS] < old or self.staged_open(op_id) is None:
+            if (item[ITEM_TS] < now - 2 * max(window, self.window(item[ITEM_TABLE]))
+                    or self.staged_open(op_id) is None):
                 self.staged.pop(op_id, None)
 
     def set_pending(self, items: Sequence[ItemFields]) -> None:
