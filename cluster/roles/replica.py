@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
 from cluster.core.entry import is_real
 from cluster.core.metrics import NodeMetrics
-from cluster.core.ops import ITEM_OP_ID, Item, ItemFields
+from cluster.core.ops import ITEM_OP_ID, ITEM_TS, Item, ItemFields
 from cluster.core.shards import CounterEntry
 from cluster.roles.batching import TickBatcher
 from cluster.roles.state import NodeState
@@ -40,6 +41,10 @@ def _with_flags(out: asyncio.Future[Any], flags: list[bool], durable: asyncio.Fu
         out.set_exception(durable.exception())  # type: ignore[arg-type]
     else:
         out.set_result(flags)
+
+
+def _covered(have: tuple[int, int], p: int, n: int) -> bool:
+    return have[0] >= p and have[1] >= n
 
 
 def _frame_reply(out: asyncio.Future[Any], merged: asyncio.Future[Any]) -> None:
@@ -90,7 +95,8 @@ class Replica:
 
     def _merge_now(self, items: list[ItemFields], *, staged: bool) -> asyncio.Future[Any]:
         claims = self.claims
-        flags = self._fenced(items) if claims or claims.amnesiac() else None
+        flags = (self._fenced(items) if claims or claims.amnesiac() or self._late(items)
+                 else None)
         if flags is not None:
             items = [item for item, ok in zip(items, flags, strict=True) if ok]
         state = self.state
@@ -129,18 +135,44 @@ class Replica:
         durable.add_done_callback(functools.partial(_with_flags, out, flags))
         return out
 
+    def _oldest_allowed(self, table: str) -> float:
+        """The leader's clock at the apply (the item's ``ts``) before which a copy of an op
+        new here may have outlived the fences that would refuse it: the table's window less
+        the clock skew, before now. -inf for a table that remembers nothing."""
+        window = self.state.window(table)
+        if window <= 0:
+            return -math.inf
+        return self.clock() - window + self.state.config.max_clock_skew
+
+    def _late(self, items: list[ItemFields]) -> bool:
+        """Some item was applied by its leader longer ago than the shortest window allows."""
+        if not items:
+            return False
+        windows = [d.window for d in self.state.dedups.values() if d.window > 0]
+        shortest = min(windows, default=self.state.config.window)
+        oldest = min(item[ITEM_TS] for item in items)
+        return oldest < self.clock() - shortest + self.state.config.max_clock_skew
+
     def _fenced(self, items: list[ItemFields]) -> list[bool] | None:
         """Per item, False for a copy of an op claimed here for (or applied by) another node
         than its origin's: a leader that was cut off or paused while a replica that took over
         applied the op after a check. Merging it would count the op twice, so the copy is
         refused, and so is every later item of the same key and origin in the frame (its pair
-        carries the refused delta). None when nothing is refused."""
+        carries the refused delta). None when nothing is refused.
+
+        Also a first copy of an op (not in the dedup here, not claimed for its leader) that its
+        leader applied longer ago than the window less the clock skew: the fence another
+        application left here lasts the window, so it may be gone. A leader frozen between its
+        apply and its send (SIGSTOP, a stolen VM) wakes and sends such copies; merged, they
+        would reach a quorum beside the retry another leader applied meanwhile. Its leader
+        settles the op instead (a publication goes with fresh claims, taken for it here)."""
         fence = self.claims.fence
         # shortly after a restart, a copy applied before it may be one fenced before the crash
         stale = self.claims.forgot_before if self.claims.amnesiac() else 0.0
+        oldest: dict[str, float] = {}
         flags: list[bool] | None = None
         cut: set[tuple[str, str, str]] = set()
-        for i, (op_id, table, key, origin, _p, _n, _delta, ts) in enumerate(items):
+        for i, (op_id, table, key, origin, p, n, _delta, ts) in enumerate(items):
             if not is_real(origin):
                 # a floor or LAST item carries no delta of the op: a delete's, or the floor a
                 # leader's pair starts again at (``Leader._restart``); refused for the op's
@@ -151,9 +183,14 @@ class Replica:
             if k not in cut:
                 holder = fence(op_id)
                 if holder is None:
-                    if ts >= stale:
-                        continue
-                    holder = "a check before this node's restart"
+                    limit = oldest.get(table)
+                    if limit is None:
+                        limit = oldest[table] = self._oldest_allowed(table)
+                    if ts >= stale and (ts >= limit or _covered(self.state.shards.pair(
+                            table, key, origin, visible=False), p, n)):
+                        continue  # new enough, or nothing new here (a late publication)
+                    holder = ("a check before this node's restart" if ts < stale
+                              else "nobody: older than the window, its fences may be gone")
                 elif holder == origin.partition("@")[0]:
                     continue
                 cut.add(k)
