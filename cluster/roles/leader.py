@@ -192,8 +192,7 @@ class Leader:
     async def _lead_admitted(self, ops: list[Op]) -> list[int]:
         statuses, own, groups, dup_waits = self._apply_batch(ops)
         if own is not None:
-            stage = self.stages
-            waits = [self.replicate(targets, items, own, stage=stage)
+            waits = [self.replicate(targets, items, own, stage=self._stages(targets))
                      for targets, items in groups.items()]
             results = await asyncio.gather(*waits)
             if not all(results):
@@ -345,6 +344,13 @@ class Leader:
 
         out.add_done_callback(forget)
         return out
+
+    def _stages(self, targets: tuple[str, ...]) -> bool:
+        """New ops to ``targets`` go out staged when more than one other copy is needed: W > 2,
+        or W = 2 while a move adds a member gaining the key (W + 1 copies then; a replica that
+        merged one is not yet a quorum either)."""
+        return self.stages or (self._moving and len(targets) + 1 > self.ring.rf
+                               and self.config.quorum > 1)
 
     def _copies(self, targets: tuple[str, ...], items: list[ItemFields], stage: bool,
                 timeout: float) -> asyncio.Future[bool]:
