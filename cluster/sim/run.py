@@ -20,7 +20,7 @@ from typing import Any, cast
 from client.checker import CounterReport, check
 from cluster.core import store_kernel
 from cluster.core.entry import FLOOR, LAST
-from cluster.core.membership import Membership
+from cluster.core.membership import LEAVING, LEFT, Membership
 from cluster.core.shards import ShardStore
 from cluster.roles.admission import Admission
 from cluster.roles.member import Node
@@ -222,7 +222,7 @@ class _Nemesis:
             got = await asyncio.wait_for(claimant.call(lambda: node.changes.change(req)), 10.0)
         except Exception as exc:  # noqa: BLE001 - refused, or lost on the way
             self.note(f"membership change failed: {exc!r}")
-            new = await self.made(spare.id if spare is not None else "", 20.0)
+            new = await self.made(req, ms, 20.0)
             if new is None:  # the cluster is unchanged
                 if what == "replace":  # nobody took its place: it was not dead after all
                     w.unretire(w.hosts[victim])
@@ -234,17 +234,23 @@ class _Nemesis:
         if what in ("join", "replace") and spare is not None:
             w.join(spare, new)
 
-    async def made(self, joiner: str, wait: float) -> Membership | None:
-        """The newest membership any disk holds once ``joiner`` is in it: a change whose answer
-        was lost (its claimant crashed after writing it, or the operator's command timed out
-        while the members still agreed on it) that the operator, reading ``/v1/ring`` for
-        ``wait`` seconds, finds made. None if it is not by then."""
+    async def made(self, req: dict[str, Any], before: Membership, wait: float
+                   ) -> Membership | None:
+        """The newest membership any disk holds once it shows ``req`` made (a join or a
+        replace: its new member, not in ``before``, is in it; a replace: its victim is leaving
+        or gone too): a change whose answer was lost (its claimant crashed after writing it, or
+        the operator's command timed out while the members still agreed on it) that the
+        operator, reading ``/v1/ring`` for ``wait`` seconds, finds made. None if it is not by
+        then, and for a decommission (the member leaves by itself)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
-        while joiner:
+        joiner, victim = req.get("id", ""), req.get("replaces")
+        while req["change"] in ("join", "replace") and before.get(joiner) is None:
             rings = [h.disk.ring for h in self.world.hosts.values() if h.disk.ring is not None]
             newest = max(rings, key=lambda m: m.version, default=None)
-            if newest is not None and newest.get(joiner) is not None:
+            gone = victim is None or (newest is not None and (
+                (m := newest.get(victim)) is None or m.state in (LEAVING, LEFT)))
+            if newest is not None and newest.get(joiner) is not None and gone:
                 return newest
             if loop.time() >= deadline:
                 break
