@@ -299,3 +299,21 @@ def test_a_snapshot_cut_before_a_staged_copy_keeps_it_hidden_after_replay(
     loaded.shards.flush_digests()
     assert loaded.shards.value("t", "k") == (6 if published else 5)
     assert loaded.shards.pair("t", "k", "n1@1", visible=False) == (6, 0)
+
+
+def test_a_key_handed_off_goes_with_another_leaders_staged_copy_not_with_an_own_op() -> None:
+    """A member that no longer replicates a key drops it once its replicas took it
+    (``ShardStore.drop``): another leader's staged copy there is that leader's to publish on
+    the key's replicas, and kept it the key forever (the simulator's seed 1009: a copy staged
+    during a move, its publication lost); a delta of this node's own op in doubt keeps it."""
+    from cluster.core.shards import ShardStore
+
+    s = ShardStore("n2@1")
+    s.merge_pair("t", "a", "n1@1", 3, 0)
+    assert s.stage("t", "a", "n1@1", 5, 0)
+    s.merge_pair("t", "b", "n1@1", 3, 0)
+    s.apply_hidden("t", "b", 4)  # n2's own op, unpublished
+    assert s.stage("t", "b", "n1@1", 5, 0)
+    assert s.drop("t", ["a", "b"]) == 1
+    assert not s.holds("t", "a") and s.holds("t", "b")
+    assert not s.has_hidden("t", "a")

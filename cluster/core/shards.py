@@ -416,15 +416,22 @@ class ShardStore:
 
     def drop(self, table: str, keys: Iterable[str]) -> int:
         """Forget ``keys`` of ``table`` (a node that no longer replicates them, once their
-        replicas hold them: ``cluster.roles.shed``); a key with a hidden delta is kept, as its
-        op is still in doubt. They leave the digests too. How many keys were dropped."""
+        replicas hold them: ``cluster.roles.shed``); a key with a hidden delta of its own
+        origins is kept, as its op is still in doubt, while other leaders' staged copies go
+        with the key (their leaders publish them on the key's replicas, which this node no
+        longer is). They leave the digests too. How many keys were dropped."""
         pages = self._tables.get(table)
         if pages is None:
             return 0
         gone: dict[int, dict[int, str]] = {}  # leaf -> key number -> name
         for key in keys:
-            if (table, key) in self._hidden:
-                continue
+            k = (table, key)
+            hidden = self._hidden.get(k)
+            if hidden is not None:
+                if set(hidden) - self._staged.get(k, set()):
+                    continue  # a delta of an op in doubt here
+                del self._hidden[k]
+                self._staged.pop(k, None)
             found = self._find(table, key)
             if found is not None:
                 gone.setdefault(found[2], {})[found[1]] = key

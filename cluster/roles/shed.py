@@ -156,14 +156,14 @@ async def shed(node: Node, ms: Membership, *, stale: bool = False) -> int:
         node.metrics.foreign_keys = 0
         return 0
     prefs: Callable[[str, str], tuple[str, ...]] = node.ring.preference_list
-    me, shards = node.id, node.state.shards
+    me = node.id
     async for table, step in _steps(node):
         if node.membership is not ms:
             return kept + 1  # a newer membership: its own pass decides
         foreign = {k: owners for k in step if me not in (owners := prefs(table, k))}
         if foreign and stale:
-            dropped = drop_logged(node, table, [k for k in foreign
-                                                if not shards.has_hidden(table, k)])
+            doubt = node.state.keys_in_doubt()
+            dropped = drop_logged(node, table, [k for k in foreign if (table, k) not in doubt])
             node.metrics.shed_abandoned += dropped
             kept += len(foreign) - dropped
         elif foreign:  # a hand-off with no owner up awaits nothing: the step's yield counts
@@ -181,11 +181,14 @@ async def _hand_off(node: Node, ms: Membership, table: str,
     """Send the entries of ``keys`` to every member of their sets (``keys``: key -> its
     replica set); drop the ones all of them took. How many were dropped."""
     shards = node.state.shards
+    doubt = node.state.keys_in_doubt()
     sent: dict[str, CounterEntry] = {}
     to: dict[str, list[list[Any]]] = {}
     for key, owners in keys.items():
-        if shards.has_hidden(table, key):
-            continue  # an op of it in doubt here: settle first
+        if (table, key) in doubt:
+            continue  # an op this node applied is in doubt on it: settle first
+        # (another leader's staged copy here is that leader's to publish on the key's
+        # replicas, which this node no longer is: the visible entry goes, the copy is dropped)
         if not all(r in node.links and node.is_live(r) for r in owners):
             continue
         entry = sent[key] = shards.entry(table, key)

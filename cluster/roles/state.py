@@ -225,6 +225,10 @@ class NodeState:
         for item in items:
             self.hold(Item.of(item))
 
+    def keys_in_doubt(self) -> set[tuple[str, str]]:
+        """The keys with an op this node applied and has not published or withdrawn yet."""
+        return {(table, key) for table, key, _origin in self._by_key}
+
     def busy(self, table: str, key: str, origin: str) -> bool:
         """``origin`` has an unpublished op on the key: the next op's pair would carry it."""
         return (table, key, origin) in self._by_key
