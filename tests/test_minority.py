@@ -41,6 +41,11 @@ async def test_the_minority_side_of_a_cut_acknowledges_nothing(tmp_path: Path) -
                                             f"{minority_key}:2", 5)
             assert status == 503, (status, body)
             assert c.servers["n1"].node.metrics.minority_refusals >= 1
+            # so are reads that promise every acknowledged write; one replica's view is served
+            for consistency, want in (("quorum", 503), ("all", 503), ("one", 200)):
+                status, body = await client.get(f"{c.url('n1')}/v1/counters/t/{minority_key}"
+                                                f"?consistency={consistency}")
+                assert status == want, (consistency, status, body)
             # the big side goes on
             assert (await client.add(c.url("n3"), "t", majority_key,
                                      f"{majority_key}:2", 5))[0] == 200

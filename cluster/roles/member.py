@@ -22,6 +22,7 @@ from typing import Any
 
 from cluster.core.clock import PeerClocks
 from cluster.core.config import NodeConfig
+from cluster.core.errors import Unavailable
 from cluster.core.membership import LEFT, Membership, Placement
 from cluster.core.metrics import NodeMetrics
 from cluster.core.ops import Item, ItemFields, Op
@@ -601,14 +602,26 @@ class Node:
 
     # -- reads -----------------------------------------------------------------------------
 
+    def refuse_minority_read(self, consistency: str) -> None:
+        """A read above ``one`` promises every write acknowledged before it: not from a node
+        that hears from no majority of the voters (the other side may have moved the key's
+        replicas and acknowledged writes there): 503."""
+        if consistency != "one" and self.in_minority():
+            raise Unavailable("this node hears from no majority of the members, which may be "
+                              f"changing the membership: a {consistency} read here could miss "
+                              "acknowledged writes. Read at another node, or with "
+                              "consistency=one")
+
     async def read(self, table: str, key: str, consistency: str) -> int:
         """Merge the entries of ``consistency`` many replicas; repair the stale ones seen."""
         self.metrics.reads += 1
+        self.refuse_minority_read(consistency)
         return await read_counter(self, table, key, consistency)
 
     async def read_many(self, reads: Sequence[tuple[str, str]], consistency: str) -> list[int]:
         """``read`` of many counters: one READ frame per replica of each replica set."""
         self.metrics.reads += len(reads)
+        self.refuse_minority_read(consistency)
         return await read_values(self, reads, consistency)
 
 

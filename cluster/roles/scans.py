@@ -43,6 +43,8 @@ class Node(Host, Protocol):
 
     def is_live(self, node: str) -> bool: ...
 
+    def refuse_minority_read(self, consistency: str) -> None: ...
+
 
 def encode_cursor(pos: Position) -> str:
     leaf, key = pos
@@ -126,6 +128,7 @@ async def scan_page(node: Node, table: str, prefix: str, after: Position | None,
     # expiry is judged at the page's start, as a read's is (``reads.read_values``): judged once
     # the last member answered, up to a quorum timeout later, the entries of the first could
     # show expired a key written meanwhile, and the page would skip a key that existed throughout
+    node.refuse_minority_read(consistency)
     now = node.clock()
     answers, missing = await _ask_members(node, item)
     # a key's replica set lost at most ``missing`` members: still ``need`` of them answered
