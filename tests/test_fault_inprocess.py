@@ -433,7 +433,7 @@ async def test_in_doubt_application_is_never_visible_while_a_partition_heals(
             assert watch.over == [], watch.over[:10]
             assert c.servers["n1"].node.metrics.withdrawn == 1
             for n in ("n1", "n2", "n3"):  # every copy answers duplicate, nothing counts again
-                assert (await client.add(c.url(n), "t", key, "c9:1", 5, attempt=3))[1] == {
+                assert await retry_until_acked(client, c.url(n), key, "c9:1", 5) == {
                     "applied": False, "duplicate": True}
             await converged(c, client, key, 6)
     finally:

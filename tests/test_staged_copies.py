@@ -121,7 +121,9 @@ async def test_a_replica_outside_the_claiming_majority_never_shows_a_cut_off_cop
             majority = list(prefs[1:4])  # n2 and two others: the claims
             watch = Watch(c, client, key)  # type: ignore[arg-type]  # a Cluster5 will do
             reader = asyncio.ensure_future(watch.run())
-            # L1 = n1 is cut off from everyone, except that its copies still reach R
+            # L1 = n1 is cut off from everyone, except that its copies still reach R; it leads
+            # before it sees the cut (it would then know it hears no majority and lead nothing)
+            c.servers["n1"].node.in_minority = lambda count=1: False  # type: ignore[method-assign]
             for other in NAMES[1:]:
                 c.drop(other, "n1")
                 c.drop("n1", other, allow=COPIES if other == r else None)

@@ -421,17 +421,20 @@ def _broken(breaks: tuple[str, ...]) -> Iterator[None]:
     REPAIRs (``Replica.on_repair``) and hinted handoff (``Replica.shareable``) drop them. A
     replica that missed the delete keeps the pairs it removed, and shows them again.
     ``wake``: a leader woken from a freeze acts on what it believed before it: ``Node.lead``
-    does not look at its failure detector first (it takes every peer for live and leads the
-    requests that waited in its sockets unchecked), and ``Admission.before_apply`` ignores the
-    ops' time limits (it applies an op however long it waited)."""
+    does not look at its failure detector first (it takes every peer for live, itself for in
+    the majority, and leads the requests that waited in its sockets unchecked), and
+    ``Admission.before_apply`` ignores the ops' time limits (it applies an op however long it
+    waited)."""
     before_apply, lead = Admission.before_apply, Node.lead
     if "wake" in breaks:
         def blind(self: Node, ops: Any, births: Any = None) -> Any:
             self.detector.check_all = lambda: None  # type: ignore[method-assign]
+            self.in_minority = lambda count=1: False  # type: ignore[method-assign]
             try:
                 return lead(self, ops, births)
             finally:
                 del self.detector.check_all
+                del self.in_minority
 
         Node.lead = blind  # type: ignore[method-assign]
         Admission.before_apply = (  # type: ignore[method-assign]
