@@ -103,7 +103,7 @@ def test_deletes_multigets_scans_and_expiry_keep_the_guarantee(
     monkeypatch.setattr(expiry, "collect", lambda node, table, keys: collected.append(
         collect(node, table, keys)) or collected[-1])
     reports = []
-    for seed in (2, 3):  # seeds whose draws include every kind (seed 1 draws no scan)
+    for seed in (2, 6):  # seeds whose draws include every kind (seed 3 gets no multi-get in)
         res = run_seed(Options(seed=seed, ops=100, faults=DEFAULT_FAULTS, mix=NEW_OPS,
                                ttl=3.0))
         assert res.ok, res.line()
