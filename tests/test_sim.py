@@ -204,7 +204,8 @@ def test_visible_unpublished_deltas_are_caught() -> None:
 # simulated operator lost track of a membership change whose command failed while the members
 # still made it; 1355: and took a refused replace for made, its spare having joined meanwhile.
 # 1009: a member that lost a key in a move kept it for good, holding another leader's copy
-# staged during the move whose publication it never got.
+# staged during the move whose publication it never got. 2789: two membership episodes asked
+# the same join at once; both were answered and the operator started the joiner twice.
 @pytest.mark.parametrize(("seed", "faults"), [(4, ("crash",)), (5, EVERY_BUT_TORN),
                                               (61, EVERY_BUT_TORN), (16, EVERY_BUT_TORN),
                                               (63, EVERY_BUT_TORN), (101, EVERY_BUT_TORN),
@@ -214,7 +215,7 @@ def test_visible_unpublished_deltas_are_caught() -> None:
                                               (3075, MEMBERSHIP), (6062, MEMBERSHIP),
                                               (6121, MEMBERSHIP), (914, EVERYTHING),
                                               (803, EVERYTHING), (1355, EVERYTHING),
-                                              (1009, EVERYTHING)])
+                                              (1009, EVERYTHING), (2789, EVERYTHING)])
 def test_regression_seeds(seed: int, faults: tuple[str, ...]) -> None:
     res = run_seed(Options(seed=seed, ops=200, faults=faults))
     assert res.ok, res.line()

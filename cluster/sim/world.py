@@ -131,7 +131,10 @@ class World:
                 if h.id not in self.members and not h.retired and h.node is None]
 
     def join(self, host: Host, ms: Membership) -> None:
-        """Start ``host`` as a new member under ``ms`` (what the claimant answered)."""
+        """Start ``host`` as a new member under ``ms`` (what the claimant answered); nothing if
+        it is one already (a second answer to the same join: the operator started it once)."""
+        if host.id in self.members:
+            return
         host.disk.ring = ms
         self.members.append(host.id)
         self.boot(host)
