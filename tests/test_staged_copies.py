@@ -131,7 +131,10 @@ async def test_a_replica_outside_the_claiming_majority_never_shows_a_cut_off_cop
             status, _ = await client.add(c.url("n1"), "t", key, "x:1", 5)
             assert status == 503  # 2 copies of 3: in doubt at n1
             assert "x:1" in c.servers["n1"].node.pending
-            assert b"x:1" in c.servers[r].node.state.dedup("t")  # R has n1's copy
+            async def r_has_it() -> bool:  # R has n1's copy (its frame may still be on the way)
+                return b"x:1" in c.servers[r].node.state.dedup("t")
+
+            await until(r_has_it, 5.0, "n1's staged copy at R")
             assert await client.value(c.url(r), "t", key, "one") <= watch.bound
             if restart != "none":
                 if restart == "snapshot":
