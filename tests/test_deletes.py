@@ -106,8 +106,15 @@ async def test_multi_get_answers_in_order_in_one_read_frame_per_replica(tmp_path
             base = url(servers[0])
             ops = [{"table": "t", "key": f"k{i}", "op_id": f"c:{i}", "delta": i}
                    for i in range(200)]
-            status, body = await client.batch(base, ops)
-            assert status == 200 and all(r == {"applied": True} for r in body["results"])
+            for _ in range(20):  # a 503 (a node still starting, on a loaded machine): again
+                status, body = await client.batch(base, ops)
+                assert status == 200, body
+                ops = [op for op, r in zip(ops, body["results"], strict=True)
+                       if r.get("status") == 503 or "error" in r]
+                if not ops:
+                    break
+                await asyncio.sleep(0.2)
+            assert not ops, ops
             calls: list[int] = []
             for link in servers[0].node.links.values():
                 real = link.call
