@@ -46,6 +46,30 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--tls", action="store_true",
                      help="the cluster's port speaks TLS, certificates not checked (the "
                           "cluster secret still authenticates every frame)")
+    fin = sub.add_parser(
+        "finalize", help="after a rolling upgrade: let every member send and write the new "
+                         "protocol (no rollback below it afterwards)",
+        description="Show the release and protocol versions every member runs, then finalize "
+                    "the highest protocol every member speaks: from then on nodes send frames "
+                    "and write new files in it. Refused (exit 1, nothing changed) while a "
+                    "member is down or still runs a release that does not speak it. Until "
+                    "then, any node can be rolled back to the release it came from; after, "
+                    "only to a release that speaks the finalized protocol (docs/operations.md).")
+    fin.add_argument("--via", required=True, metavar="HOST:PORT[,HOST:PORT...]",
+                     help="any live member (a comma list is tried in order)")
+    fin.add_argument("--protocol", type=int, default=None,
+                     help="the version to finalize (default: the highest every member speaks)")
+    fin.add_argument("--dry-run", action="store_true",
+                     help="only show what every member runs and speaks")
+    fin.add_argument("--secret-file", default=None,
+                     help="the cluster secret (needed when the cluster has one)")
+    fin.add_argument("--timeout", type=float, default=60.0,
+                     help="give up (exit 1) when not every member installed it after this many "
+                          "seconds (default 60)")
+    fin.add_argument("--tls-ca", default=None, metavar="FILE",
+                     help="the cluster's port speaks TLS: check its certificates against this")
+    fin.add_argument("--tls", action="store_true",
+                     help="the cluster's port speaks TLS, certificates not checked")
     return ap
 
 
@@ -110,6 +134,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             ctx = admin.admin_ssl(args.tls, args.tls_ca)
             return asyncio.run(admin.decommission(args.id, via, args.secret_file,
                                                   args.timeout, ssl_context=ctx))
+        except (admin.AdminError, ConfigError, OSError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    if args.command == "finalize":
+        from cluster import admin
+
+        try:
+            via = admin.parse_seeds(args.via)
+            ctx = admin.admin_ssl(args.tls, args.tls_ca)
+            return asyncio.run(admin.finalize(via, args.secret_file, args.timeout,
+                                              args.protocol, args.dry_run, ssl_context=ctx))
         except (admin.AdminError, ConfigError, OSError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1

@@ -21,7 +21,7 @@ from cluster.core.membership import LEFT, Membership, MembershipError
 from cluster.roles.membership import gone, load_ring
 from cluster.transport.auth import PeerAuth, load_secret
 from cluster.transport.peer import PeerLink, dial_ssl, peer_ssl
-from cluster.transport.wire import Kind
+from cluster.transport.wire import SPEAKS, Kind
 
 
 class AdminError(Exception):
@@ -108,6 +108,7 @@ async def join(config: NodeConfig, seeds: Sequence[tuple[str, int]], advertise: 
         raise ConfigError(f"data_dir: {config.data_dir} holds another node's data; a joining "
                           f"node starts empty")
     item: dict[str, Any] = {"op": "change", "change": "replace" if replaces else "join",
+                            "speaks": list(SPEAKS),
                             "id": config.node_id, "addr": advertise}
     if replaces:
         item["replaces"] = replaces
@@ -181,3 +182,79 @@ async def _views(ms: Membership, node_id: str, me: str, secret_file: str | None,
         except (AdminError, MembershipError):
             out[m.id] = None
     return out
+
+
+# -- python -m cluster finalize --------------------------------------------------------------
+
+async def _health(host: str, port: int, timeout: float,
+                  ssl_context: ssl.SSLContext | None) -> dict[str, Any] | None:
+    """A node's /v1/health, or None when it does not answer."""
+    import aiohttp
+
+    scheme = "https" if ssl_context is not None else "http"
+    try:
+        async with (aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s,
+                    s.get(f"{scheme}://{host}:{port}/v1/health",
+                          ssl=ssl_context if ssl_context is not None else True) as resp):
+            got = await resp.json()
+    except Exception:  # noqa: BLE001 - a member that does not answer is reported as such
+        return None
+    return got if isinstance(got, dict) else None
+
+
+def _speaks_line(health: dict[str, Any] | None) -> tuple[str, int]:
+    """What a member runs, in words, and the highest protocol it speaks (0: no answer)."""
+    if health is None:
+        return "no answer", 0
+    proto = health.get("protocol")
+    if not isinstance(proto, dict):  # release 0.4.0 names no protocol: it speaks 1 only
+        return "release 0.4.0 or before, speaks protocol 1", 1
+    lo, hi = proto.get("speaks", [1, 1])
+    return (f"idemcount {health.get('release', '?')}, speaks protocol {lo} to {hi}, "
+            f"cluster at {proto.get('cluster', 1)}"), int(hi)
+
+
+async def finalize(via: Sequence[tuple[str, int]], secret_file: str | None, timeout: float,
+                   protocol: int | None = None, dry_run: bool = False, out: Any = sys.stdout,
+                   ssl_context: ssl.SSLContext | None = None) -> int:
+    """Show what every member speaks; then (unless ``dry_run``) have the cluster finalize
+    ``protocol`` (default: the highest every member speaks) and wait until every member
+    installed it. From then on new frames and files are written in it: a member can no
+    longer be rolled back to a release that does not speak it."""
+    me = f"admin-{os.getpid()}"
+    ms = Membership.from_wire(await ask(via, me, secret_file, {"op": "get"},
+                                        ssl_context=ssl_context))
+    members = [m for m in ms.members if m.state != LEFT]
+    healths = await asyncio.gather(*(_health(m.host, m.port, 5.0, ssl_context)
+                                     for m in members))
+    for m, h in zip(members, healths, strict=True):
+        print(f"  {m.id}  {m.addr}  {_speaks_line(h)[0]}", file=out, flush=True)
+    if dry_run:
+        highest = min((_speaks_line(h)[1] for h in healths), default=0)
+        print(f"cluster at protocol {ms.protocol}; every member speaks up to {highest}"
+              + ("" if highest > ms.protocol else ": nothing to finalize"), file=out, flush=True)
+        return 0
+    try:
+        got = Membership.from_wire(await ask_change(
+            via, me, secret_file,
+            {"op": "change", "change": "protocol", "protocol": protocol},
+            ssl_context=ssl_context))
+    except (AdminError, MembershipError) as exc:
+        raise AdminError(f"finalize: {exc}") from exc
+    print(f"protocol {got.protocol} finalized (membership version {got.version}); waiting for "
+          f"every member to install it", file=out, flush=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        members = [m for m in got.members if m.state != LEFT]
+        healths = await asyncio.gather(*(_health(m.host, m.port, 5.0, ssl_context)
+                                         for m in members))
+        behind = [m.id for m, h in zip(members, healths, strict=True)
+                  if h is None or not isinstance(h.get("protocol"), dict)
+                  or h["protocol"].get("cluster", 1) < got.protocol]
+        if not behind:
+            print(f"protocol {got.protocol} on every member", file=out, flush=True)
+            return 0
+        print(f"  waiting for {', '.join(behind)}", file=out, flush=True)
+        await asyncio.sleep(1.0)
+    raise AdminError(f"finalize: protocol {got.protocol} is finalized, but not installed "
+                     f"everywhere after {timeout:g} s (members pull it at their next heartbeat)")

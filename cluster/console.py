@@ -53,6 +53,13 @@ COMMANDS: dict[str, Command] = {
         about="Asks the cluster (through --via, any live member) to drain member ID while "
               "clients keep writing; returns 0 once every member lists ID as left "
               "(docs/membership.md)."),
+    "finalize": Command(
+        module="cluster", lead=("finalize",),
+        summary="after a rolling upgrade, let every member send and write the new protocol",
+        about="Shows the release and protocol versions each member runs (--dry-run stops "
+              "there), then has the cluster finalize the highest protocol every member speaks; "
+              "refused while a member is down or runs an older release. Before it, any node "
+              "can be rolled back to the release it came from (docs/operations.md)."),
     "chaos": Command(
         module="client.chaos",
         summary="a workload under fault injection, checked like Jepsen's counter checker",

@@ -232,3 +232,12 @@ async def test_ready_route_is_503_until_the_node_is_ready_then_200() -> None:
         node.ready = True
         resp = await client.get("/v1/ready")
         assert resp.status == 200 and await resp.json() == {"node": "n1", "ready": True}
+
+
+def test_a_new_image_reaches_no_pod_until_the_partition_is_lowered() -> None:
+    """Rolling upgrades are staged by hand (docs/operations.md): the partition starts at the
+    replica count, so a changed image waits until the operator lowers it pod by pod."""
+    sts = statefulset()
+    strategy = sts["spec"]["updateStrategy"]
+    assert strategy["type"] == "RollingUpdate"
+    assert strategy["rollingUpdate"]["partition"] == sts["spec"]["replicas"]

@@ -28,6 +28,7 @@ from typing import Any
 
 from cluster.core.ring import Ring
 from cluster.core.tables import TableError, TableSettings
+from cluster.core.versions import PROTOCOL_MAX, newer
 
 NORMAL, JOINING, LEAVING, LEFT = "normal", "joining", "leaving", "left"
 STATES = (NORMAL, JOINING, LEAVING, LEFT)
@@ -62,6 +63,9 @@ class Membership:
     reads_new: bool = False  # a move's second phase: the new sets serve, writes still go to both
     # the tables' agreed settings (cluster.core.tables), by name; versioned with the members
     tables: tuple[TableSettings, ...] = ()
+    # the finalized protocol (cluster.core.versions): what every member sends and writes. It
+    # only rises, by ``set_protocol`` once every member speaks the new version
+    protocol: int = 1
 
     @classmethod
     def bootstrap(cls, peers: Iterable[tuple[str, str, int]], *, rf: int,
@@ -119,6 +123,16 @@ class Membership:
         tables = tuple(sorted([t for t in self.tables if t.name != settings.name] + [settings],
                               key=lambda t: t.name))
         return dataclasses.replace(self, version=self.version + 1, tables=tables)
+
+    def set_protocol(self, protocol: int) -> Membership:
+        """The next version with ``protocol`` finalized (itself when that is the one it
+        holds). A finalized version is never lowered: members may already have written it."""
+        if protocol < self.protocol:
+            raise MembershipError(f"the cluster finalized protocol {self.protocol}; it is never "
+                                  f"lowered (asked {protocol})")
+        if protocol == self.protocol:
+            return self
+        return dataclasses.replace(self, version=self.version + 1, protocol=protocol)
 
     def moves(self) -> dict[str, str]:
         """The move under way: {"joining": id, "leaving": id} (either may be absent)."""
@@ -207,10 +221,13 @@ class Membership:
     # -- wire ------------------------------------------------------------------------------
 
     def to_wire(self) -> dict[str, Any]:
-        return {"version": self.version, "rf": self.rf, "vnodes": self.vnodes,
+        wire = {"version": self.version, "rf": self.rf, "vnodes": self.vnodes,
                 "moving_since": self.moving_since, "reads_new": self.reads_new,
                 "members": [[m.id, m.host, m.port, m.state, m.since] for m in self.members],
                 "tables": [t.to_wire() for t in self.tables]}
+        if self.protocol > 1:  # absent at 1: the ring file stays what release 0.4.0 reads
+            wire["protocol"] = self.protocol
+        return wire
 
     @classmethod
     def from_wire(cls, data: Any) -> Membership:
@@ -218,11 +235,16 @@ class Membership:
             members = _sorted(Member(str(i), str(h), int(p), str(s), int(v))
                               for i, h, p, s, v in data["members"])
             tables = tuple(TableSettings.from_wire(t) for t in data.get("tables", ()))
+            protocol = data.get("protocol", 1)
+            if type(protocol) is not int or protocol < 1:
+                raise ValueError(f"protocol {protocol!r}")
             ms = cls(int(data["version"]), members, int(data["rf"]), int(data["vnodes"]),
                      float(data.get("moving_since", 0.0)), bool(data.get("reads_new", False)),
-                     tables)
+                     tables, protocol)
         except (KeyError, TypeError, ValueError, TableError) as exc:
             raise MembershipError(f"not a membership: {exc!r}") from exc
+        if protocol > PROTOCOL_MAX:
+            raise newer(f"membership version {ms.version} finalized protocol", protocol)
         if any(m.state not in STATES for m in ms.members) or not ms.reachable:
             raise MembershipError("not a membership: bad member states")
         return ms

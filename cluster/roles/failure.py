@@ -19,7 +19,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from cluster.transport.wire import Kind
+from cluster.roles import protocol
+from cluster.transport.wire import SPEAKS, Kind
 
 if TYPE_CHECKING:
     from cluster.core.clock import PeerClocks
@@ -36,6 +37,7 @@ class Node(Protocol):
     clock: Callable[[], float]
     monotonic: Callable[[], float]
     membership: Membership
+    peer_speaks: dict[str, tuple[int, int]]
 
     def saw_ring(self, peer: str, version: Any) -> None: ...
 
@@ -146,6 +148,7 @@ async def heartbeat_loop(node: Node, detector: FailureDetector, interval: float)
             detector.heartbeat(peer)
             return
         node.saw_ring(peer, body.get("ring"))
+        protocol.saw(node, peer, body.get("speaks"))
         peer_wall = body.get("t")
         if isinstance(peer_wall, float | int) and not isinstance(peer_wall, bool):
             node.clocks.sample(peer, sent_wall, node.monotonic() - sent_mono, float(peer_wall))
@@ -158,7 +161,8 @@ async def heartbeat_loop(node: Node, detector: FailureDetector, interval: float)
         for peer, link in node.links.items():
             sent_wall, sent_mono = node.clock(), node.monotonic()
             fut = link.call(Kind.PING, [{"ready": node.ready, "t": sent_wall,
-                                         "ring": node.membership.version}], probe=True)
+                                         "ring": node.membership.version,
+                                         "speaks": list(SPEAKS)}], probe=True)
             fut.add_done_callback(functools.partial(answered, peer, sent_wall, sent_mono))
         detector.check_all()
         node.clocks.update()  # samples go stale when a peer goes quiet

@@ -29,7 +29,8 @@ from cluster.core.ops import Item, ItemFields, Op
 from cluster.core.paxos import majority, voters
 from cluster.core.ring import RING_HASH
 from cluster.core.shards import CounterEntry
-from cluster.roles import antientropy, checks, deletes, membership, scans, settle
+from cluster.core.versions import release
+from cluster.roles import antientropy, checks, deletes, membership, protocol, scans, settle
 from cluster.roles.admission import needs_check, stale_after_ms
 from cluster.roles.antientropy import Hints
 from cluster.roles.claims import Claims
@@ -42,7 +43,7 @@ from cluster.roles.replica import Replica
 from cluster.roles.state import NodeState
 from cluster.transport.auth import PeerAuth, load_secret
 from cluster.transport.peer import PeerLink, peer_ssl
-from cluster.transport.wire import Kind, Status
+from cluster.transport.wire import SPEAKS, Kind, Status
 from cluster.wal import DurableLog, RecordKind
 
 __all__ = ["Node", "next_incarnation", "quorum_future"]
@@ -82,9 +83,13 @@ class Node:
         self._data_dir = data_dir if log is None else None  # None: keep_ring keeps it
         self._keep_ring = keep_ring or (lambda ms: None)
         self._incarnation = incarnation or (lambda: next_incarnation(data_dir))
+        if self._data_dir is not None:  # before anything is read or written: not a newer
+            protocol.check_data_dir(self._data_dir)  # release's directory (one line)
         self.membership = membership.initial(self._data_dir, config, members)
         self.ring: Placement = self.membership.placement()
         self.peer_versions: dict[str, int] = {}  # the ring version each peer last showed
+        # the protocol range each peer last said it speaks (heartbeats; cluster.roles.protocol)
+        self.peer_speaks: dict[str, tuple[int, int]] = {}
         self.installed_at = monotonic()
         self.departed = asyncio.Event()  # set once this node's state is ``left``
         if membership.departed(self.membership, self.id):  # it left while it was down
@@ -136,6 +141,7 @@ class Node:
         self.changes = membership.Changes(
             self, votes if votes is not None else membership.VoteStore(self._data_dir))
         self.metrics.ring_version = self.membership.version
+        protocol.adopt(self, self.membership.protocol, self._data_dir)
 
     def _dial(self, config: NodeConfig) -> dict[str, PeerLink]:
         """One TCP ``PeerLink`` per member holding keys (the production transport)."""
@@ -163,6 +169,10 @@ class Node:
                 self.metrics.ring_conflicts += 1
                 log.error("two memberships with version %d: keeping ours", ms.version)
             return False
+        if ms.protocol != current.protocol:  # the FORMAT file before the ring that needs it
+            protocol.adopt(self, ms.protocol, self._data_dir)
+            log.info("protocol %d finalized: frames and new files are written in it",
+                     ms.protocol)
         if self._data_dir is not None:
             membership.save_ring(self._data_dir, ms)
         self._keep_ring(ms)
@@ -176,6 +186,7 @@ class Node:
                 continue
             if m.state != LEFT and m.id not in self.links:
                 link = self.links[m.id] = self._dial_one(m.id)
+                link.form = ms.protocol
                 link.connect_soon()
                 self.detector.add(m.id)
             elif m.state == LEFT and m.id in self.links:
@@ -470,6 +481,9 @@ class Node:
             "clock": {"refusing": self.clocks.refusing, "tolerance_s": self.clocks.tolerance,
                       "peer_offsets_s": {p: round(o, 4)
                                          for p, o in self.clocks.offsets().items()}},
+            "release": release(),
+            "protocol": {"speaks": list(SPEAKS), "cluster": self.membership.protocol,
+                         "peers": {p: list(r) for p, r in sorted(self.peer_speaks.items())}},
         }
 
     def save_collected(self, table: str, high: int) -> None:
@@ -571,9 +585,10 @@ class Node:
                 link.forget_failure()  # it reached us: the way back is worth trying at once
             if body and isinstance(body[-1], dict):
                 self.saw_ring(peer_id, body[-1].get("ring"))
+                protocol.saw(self, peer_id, body[-1].get("speaks"))
             # a node refusing for its clock says so: its peers take it as down and lead its keys
             return [{"ready": self.ready, "t": self.clock(), "ring": self.membership.version,
-                     "clock_skew": self.clocks.refusing}] * len(body)
+                     "clock_skew": self.clocks.refusing, "speaks": list(SPEAKS)}] * len(body)
         if kind == Kind.RING:
             return self.changes.on_ring(peer_id, body)
         if kind == Kind.HOLDS:

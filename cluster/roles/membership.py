@@ -54,7 +54,8 @@ from cluster.core.paxos import (
     voters,
 )
 from cluster.core.tables import TableError, TableSettings
-from cluster.roles import antientropy, settle
+from cluster.core.versions import FormatError, speaks
+from cluster.roles import antientropy, protocol, settle
 from cluster.transport.peer import PeerLink
 from cluster.transport.wire import Kind
 from cluster.wal.files import write_durably
@@ -75,6 +76,8 @@ class Node(Protocol):
     ready: bool
     departed: asyncio.Event
     metrics: Any
+    peer_speaks: dict[str, tuple[int, int]]
+    log: Any
 
     def install(self, ms: Membership) -> bool: ...
 
@@ -97,6 +100,8 @@ def load_ring(data_dir: Path) -> Membership | None:
         return None
     try:
         return Membership.from_wire(json.loads(text))
+    except FormatError:
+        raise
     except (ValueError, MembershipError) as exc:
         raise ConfigError(f"data_dir: {path} is not a membership ({exc}); restore it from "
                           f"another member's /v1/ring or move it away to rejoin") from exc
@@ -227,10 +232,11 @@ class Changes:
         if op in ("prepare", "accept"):
             return self.vote(peer, item)
         if op == "change":
-            if item.get("change") not in ("join", "leave", "replace", "table"):  # finish is the
-                # driver's own, after the hold: asked for early, it would break the guarantee
-                raise MembershipError("a change is join, leave or replace; a move finishes by "
-                                      "itself")
+            if item.get("change") not in ("join", "leave", "replace", "table", "protocol"):
+                # finish is the driver's own, after the hold: asked for early, it would break
+                # the guarantee
+                raise MembershipError("a change is join, leave, replace, table or protocol; a "
+                                      "move finishes by itself")
             return await self.change(item)
         if op == "sync":
             return await catch_up(node)
@@ -288,6 +294,8 @@ class Changes:
         async with self.lock:
             for _ in range(PROPOSE_ATTEMPTS):
                 ms = node.membership
+                if req.get("change") == "protocol":  # judged here, by what the peers speak
+                    req = {**req, "to": protocol.finalizable(node, req.get("protocol"))}
                 new = _apply(ms, req, node.clock())
                 if new is ms:
                     return ms.to_wire()
@@ -445,6 +453,8 @@ def _yes(answers: dict[str, Any]) -> int:
 
 def _apply(ms: Membership, req: dict[str, Any], now: float) -> Membership:
     kind, node_id = req.get("change"), str(req.get("id", ""))
+    if kind in ("join", "replace"):
+        _check_speaks(ms, node_id, req.get("speaks"))
     if kind == "join":
         host, port = parse_hostport(str(req.get("addr", "")), name="addr")
         return ms.join(node_id, host, port, now)
@@ -465,13 +475,29 @@ def _apply(ms: Membership, req: dict[str, Any], now: float) -> Membership:
         except TableError as exc:
             raise MembershipError(str(exc)) from exc
         return ms.set_table(settings)
+    if kind == "protocol":  # "to": what ``protocol.finalizable`` allowed at the proposer
+        return ms.set_protocol(int(req["to"]))
     raise MembershipError(f"unknown change {kind!r}")
+
+
+def _check_speaks(ms: Membership, node_id: str, value: Any) -> None:
+    """A node joins only if it speaks the cluster's finalized protocol (a joiner of release
+    0.4.0 says nothing: protocol 1 only)."""
+    try:
+        lo, hi = speaks(value)
+    except ValueError as exc:
+        raise MembershipError(f"{node_id}: {exc}") from exc
+    if not lo <= ms.protocol <= hi:
+        raise MembershipError(f"{node_id} speaks protocol {lo} to {hi}; the cluster finalized "
+                              f"{ms.protocol}: run a release that speaks it")
 
 
 def _describe(req: dict[str, Any]) -> str:
     kind = req.get("change")
     if kind == "table":
         return f"table {req.get('name')} ttl_s={req.get('ttl_s')}"
+    if kind == "protocol":
+        return f"protocol {req.get('to', req.get('protocol'))} finalized"
     if kind == "replace":
         return f"{req.get('id')} replaces {req.get('replaces')}"
     return f"{kind} {req.get('id', '')}".strip()

@@ -58,7 +58,7 @@ _DIAL, _LISTEN = b"d", b"l"
 
 # Reasons a peer frame or connection was refused (the label values of the metric).
 REASONS = ("unsigned", "bad_mac", "replay", "bad_hello", "stale_hello", "wrong_node",
-           "replayed_hello", "unexpected_signature", "bad_frame", "hello_timeout")
+           "replayed_hello", "unexpected_signature", "bad_frame", "hello_timeout", "version")
 
 
 class AuthError(PeerError):

@@ -22,7 +22,16 @@ from typing import Any
 from cluster.core.config import NodeConfig
 from cluster.core.errors import PeerError
 from cluster.transport.auth import AuthError, PeerAuth, Signer, Verifier
-from cluster.transport.wire import MAGIC, PROTOCOL_VERSION, FrameDecoder, Kind, encode_frame
+from cluster.transport.wire import (
+    MAGIC,
+    PROTOCOL_VERSION,
+    SPEAKS,
+    FrameDecoder,
+    Kind,
+    NewerForm,
+    check_hello,
+    encode_frame,
+)
 
 log = logging.getLogger("cluster.peer")
 
@@ -56,10 +65,15 @@ class PeerProtocol(asyncio.Protocol):
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None  # set when connected
         self._replies: list[bytes] = []  # written together at the end of the loop turn
+        # the form frames go out in (``wire``): the cluster's finalized protocol on a dialed
+        # link (``PeerLink.form``); replies on an inbound one stay in form 1, which every
+        # release reads (a reply form that needs more is for the release that brings one)
+        self.form = 1
 
     def _accept(self, hello: Any, signed: bytes | memoryview, trailer: bytes) -> Verifier:
         assert self.auth is not None
         self.peer_id, self._signer, verifier = self.auth.accept(hello, signed, trailer)
+        check_hello(hello)
         return verifier
 
     @property
@@ -68,7 +82,7 @@ class PeerProtocol(asyncio.Protocol):
         return self._decoder.awaiting_hello
 
     def encode(self, kind: int, req_id: int, body: Any) -> bytes:
-        return encode_frame(kind, req_id, body, self._signer)
+        return encode_frame(kind, req_id, body, self._signer, self.form)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -86,11 +100,24 @@ class PeerProtocol(asyncio.Protocol):
             for _ in range(decoder.dropped - dropped):
                 self.auth.reject("replay", self.peer_id, "frame sequence number already used")
         for kind, req_id, body in frames:
-            if kind >= Kind.REPLY:
+            if isinstance(body, NewerForm):  # a form this node does not speak: never read
+                log.warning("peer frame from %s refused: %s", self.peer_id, body.error)
+                if kind >= Kind.REPLY:
+                    if self.on_reply is not None:
+                        self.on_reply(Kind.ERROR, req_id, str(body.error))
+                else:
+                    self._reply_error(req_id, body.error)
+            elif kind >= Kind.REPLY:
                 if self.on_reply is not None:
                     self.on_reply(kind, req_id, body)
             elif kind == Kind.HELLO:
                 self.peer_id = str(body.get("node", "?")) if isinstance(body, dict) else "?"
+                if not decoder.signed:  # a signed HELLO was checked by ``_accept``
+                    try:
+                        check_hello(body)
+                    except PeerError as exc:
+                        self._refuse(exc)
+                        return
             elif self.handler is not None:
                 self._dispatch(kind, req_id, body)
 
@@ -233,6 +260,18 @@ class PeerLink:
         self.frames_sent = 0
         self.items_sent = 0
         self.bytes_sent = 0
+        self._form = 1
+
+    @property
+    def form(self) -> int:
+        """The form this link's frames go out in: the cluster's finalized protocol version."""
+        return self._form
+
+    @form.setter
+    def form(self, value: int) -> None:
+        self._form = value
+        if self._proto is not None:
+            self._proto.form = value
 
     @property
     def connected(self) -> bool:
@@ -358,7 +397,9 @@ class PeerLink:
             self._fail_all(PeerError(f"connection to peer {self.peer_id} closed at once"))
             return
         proto.peer_id = self.peer_id
-        proto.send(MAGIC + proto.encode(Kind.HELLO, 0, {**hello, "version": PROTOCOL_VERSION}))
+        proto.send(MAGIC + proto.encode(Kind.HELLO, 0, {**hello, "version": PROTOCOL_VERSION,
+                                                        "speaks": list(SPEAKS)}))
+        proto.form = self._form
         self._proto = proto
         if self._pending and not self._flush_scheduled:
             self._flush_scheduled = True

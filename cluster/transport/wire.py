@@ -3,9 +3,15 @@
 A peer connection opens with ``MAGIC`` (an HTTP request never starts with a NUL byte, which is
 how one listening port serves both HTTP clients and peers), then frames flow both ways:
 
-    frame   = length:uint32 BE | flags:uint8 | payload (msgpack [kind, req_id, body])
+    frame   = length:uint32 BE | flags:uint8 | payload (msgpack [kind, req_id, body[, form]])
               [| seq:uint64 BE | mac:32 bytes]        (when flags bit 0 is set)
     flags   = 0: unsigned (a cluster without a secret); 1: signed, see ``cluster.transport.auth``
+    form    = the protocol version the body is written in (``cluster.core.versions``); absent
+              for form 1, which is all that release 0.4.0 reads. A node sends the cluster's
+              finalized version; a frame of a form newer than the receiver speaks is answered
+              with an ERROR naming both versions, never read as something else. The HELLO is
+              always form 1 and carries the dialer's range, ``speaks``: a listener whose range
+              does not overlap it closes the connection (reason ``version``).
 
 On a cluster with a secret every frame is signed and the first one each way opens the
 connection (a signed HELLO); until the HELLO checks out, a frame may be at most
@@ -17,6 +23,7 @@ is a list aligned with the request's items (or one value for all of them), or an
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Callable
 from enum import IntEnum
@@ -25,6 +32,7 @@ from typing import Any
 import msgpack
 
 from cluster.core.errors import PeerError
+from cluster.core.versions import PROTOCOL_MAX, PROTOCOL_MIN, common, newer, speaks
 from cluster.transport.auth import FLAG_SIGNED, TRAILER_BYTES, AuthError, Signer, Verifier
 
 MAGIC = b"\x00IDC1\n"
@@ -35,7 +43,9 @@ MAX_HELLO_BYTES = 4096
 
 
 class Kind(IntEnum):
-    HELLO = 0  # body: {"node": id, "to": id, "version": 1[, "nonce": bytes, "ts_ms": int]}
+    # HELLO body: {"node": id, "to": id, "version": 1, "speaks": [lo, hi][, "nonce": bytes,
+    # "ts_ms": int]} ("speaks" absent: release 0.4.0, protocol 1 only)
+    HELLO = 0
     FORWARD = 1  # body: [[table, key, op_id, delta, attempt, sent_ms], ...] -> [status, ...]
     REPLICATE = 2  # body: [[op_id, table, key, origin, p, n, delta, ts], ...] -> None once durable
     READ = 3  # body: [[table, key], ...] -> [{origin: [p, n]}, ...]
@@ -84,10 +94,17 @@ class Status(IntEnum):
 
 
 _pack = msgpack.Packer(use_bin_type=True).pack
+SPEAKS = (PROTOCOL_MIN, PROTOCOL_MAX)
+# Test only: every frame but the HELLO goes out at this form whatever the cluster finalized (a
+# planted incompatible frame change, which the upgrade check must catch: client.chaos.upgrade)
+_FORCED_FORM = int(os.environ.get("IDC_TEST_FRAME_FORM", "0") or 0)
 
 
-def encode_frame(kind: int, req_id: int, body: Any, signer: Signer | None = None) -> bytes:
-    payload = _pack([kind, req_id, body])
+def encode_frame(kind: int, req_id: int, body: Any, signer: Signer | None = None,
+                 form: int = 1) -> bytes:
+    if _FORCED_FORM and kind != Kind.HELLO:
+        form = _FORCED_FORM
+    payload = _pack([kind, req_id, body] if form == 1 else [kind, req_id, body, form])
     if signer is None:
         return HEADER.pack(len(payload), 0) + payload
     signed = HEADER.pack(len(payload), FLAG_SIGNED) + payload
@@ -173,12 +190,41 @@ class FrameDecoder:
         return frames
 
 
+class NewerForm:
+    """The body of a frame written in a form this node does not speak: the frame is answered
+    with an ERROR (a request) or fails its callers (a reply), never read."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, kind: Any, form: int) -> None:
+        self.error = newer(f"peer frame (kind {kind}) form", form)
+
+
 def _decode(payload: bytearray) -> tuple[int, int, Any]:
     try:
-        kind, req_id, body = msgpack.unpackb(payload, raw=False)
+        frame = msgpack.unpackb(payload, raw=False)
+        if len(frame) == 3:
+            kind, req_id, body = frame
+            return kind, req_id, body
+        kind, req_id, body, form = frame
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise PeerError(f"undecodable frame: {exc}") from exc
-    return kind, req_id, body
+    if type(form) is not int or form < 1:
+        raise PeerError(f"undecodable frame: form {form!r}")
+    return kind, req_id, (body if form <= PROTOCOL_MAX else NewerForm(kind, form))
+
+
+def check_hello(body: Any) -> tuple[int, int]:
+    """The range a HELLO says its dialer speaks; ``PeerError`` (reason ``version``) when it
+    shares no version with this node's."""
+    try:
+        theirs = speaks(body.get("speaks") if isinstance(body, dict) else None)
+    except ValueError as exc:
+        raise AuthError("bad_hello", str(exc)) from exc
+    if common(theirs, SPEAKS) is None:
+        raise AuthError("version", f"peer speaks protocol versions {theirs[0]} to {theirs[1]}, "
+                                   f"this node {SPEAKS[0]} to {SPEAKS[1]}: no version in common")
+    return theirs
 
 
 def _flags_error(flags: int, signed: bool) -> PeerError:
