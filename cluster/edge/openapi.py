@@ -293,6 +293,23 @@ def _schemas(max_batch_ops: int, max_op_id_bytes: int) -> dict[str, Any]:
                 "live": {"type": "object", "additionalProperties": {"type": "boolean"}},
                 "in_doubt": {"type": "integer", "minimum": 0},
                 "hints": {"type": "object", "additionalProperties": {"type": "integer"}},
+                "release": {"type": "string",
+                            "description": "The release the node runs (absent before 0.5.0)."},
+                "protocol": {
+                    "type": "object",
+                    "description": "Protocol versions (docs/operations.md): the range this node "
+                                   "speaks, the version the cluster finalized (what every node "
+                                   "sends and writes), and the range each peer last said it "
+                                   "speaks. Absent on release 0.4.0 and before (protocol 1).",
+                    "required": ["speaks", "cluster"],
+                    "properties": {
+                        "speaks": {"type": "array", "items": {"type": "integer"},
+                                   "minItems": 2, "maxItems": 2},
+                        "cluster": {"type": "integer", "minimum": 1},
+                        "peers": {"type": "object", "additionalProperties": {
+                            "type": "array", "items": {"type": "integer"}}},
+                    },
+                },
             },
         },
         "ErrorBody": {
