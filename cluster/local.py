@@ -3,6 +3,9 @@ the benchmarks and the multi-process tests.
 
 Each node is ``python -m cluster.node`` with its own data directory; ``start`` waits for every
 ``READY`` line with a deadline; ``stop`` sends SIGTERM and kills whatever outlives the timeout.
+A node runs this code by default, or another release's (``NodeCode``: a python executable and a
+source tree put first on its import path), so a rolling upgrade can stop a node and start it
+again on the same data directory and port with the other code.
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ import random
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -109,13 +114,63 @@ def ports_in_use(ports: Sequence[int], host: str = "127.0.0.1") -> list[int]:
     return taken
 
 
+@dataclass(frozen=True, kw_only=True)
+class NodeCode:
+    """The code a node process runs: ``python -m cluster.node`` with ``python``, and, when
+    ``tree`` is given, that source tree first on the import path (the process's working
+    directory and its only ``PYTHONPATH`` entry: ``-m`` puts the working directory ahead of
+    ``PYTHONPATH``, and both ahead of an editable install's finder); ``env`` is added to the
+    node's environment (test-only switches). ``NodeCode()`` is this code, as before.
+
+    A release's tree run under this venv's python (``git archive v0.4.0``) uses its Python
+    reference kernels; a venv of its own (``pip install -e`` of the tree) compiles them."""
+
+    python: str = sys.executable
+    tree: Path | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    label: str = "current"
+
+    @property
+    def cwd(self) -> str | None:
+        return str(self.tree) if self.tree is not None else None
+
+    def environ(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """``base`` (default: this process's environment) as a node of this code sees it."""
+        env = dict(os.environ if base is None else base)
+        if self.tree is not None:
+            env["PYTHONPATH"] = str(self.tree)
+        env.update(self.env)
+        return env
+
+    def module_file(self, module: str = "cluster") -> Path:
+        """Where ``module`` is imported from in a process of this code (run one to see)."""
+        out = subprocess.run(
+            [self.python, "-c", f"import {module}; print({module}.__file__)"], cwd=self.cwd,
+            env=self.environ(), capture_output=True, text=True, timeout=60)
+        if out.returncode != 0:
+            raise RuntimeError(f"{self.label}: {self.python} cannot import {module}: "
+                               f"{out.stderr.strip()[-300:]}")
+        return Path(out.stdout.strip()).resolve()
+
+    def check(self) -> Path:
+        """The ``cluster`` package this code's processes import; a ``RuntimeError`` when a
+        ``tree`` was given and the package comes from elsewhere (an installed copy won)."""
+        found = self.module_file()
+        if self.tree is not None and not found.is_relative_to(Path(self.tree).resolve()):
+            raise RuntimeError(f"{self.label}: {self.python} imports cluster from {found}, "
+                               f"not from {self.tree}")
+        return found
+
+
 class NodeProcess:
     def __init__(self, node_id: str, host: str, port: int, args: list[str], data_dir: Path,
-                 log_path: Path) -> None:
+                 log_path: Path, code: NodeCode | None = None) -> None:
         self.id, self.host, self.port = node_id, host, port
         self.args = args
         self.data_dir = data_dir
         self.log_path = log_path
+        # the code the next start runs (a rolling upgrade changes it between starts)
+        self.code = code or NodeCode()
         self.proc: asyncio.subprocess.Process | None = None
         # extra environment for the next start (tests: IDC_CLOCK_OFFSET, cluster.core.clock)
         self.env: dict[str, str] = {}
@@ -133,10 +188,10 @@ class NodeProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "cluster.node", *self.args,
+                self.code.python, "-m", "cluster.node", *self.args,
                 stdout=asyncio.subprocess.PIPE, stderr=log, stdin=asyncio.subprocess.DEVNULL,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
-                preexec_fn=_die_with_parent,
+                env={**self.code.environ(), "PYTHONUNBUFFERED": "1", **self.env},
+                cwd=self.code.cwd, preexec_fn=_die_with_parent,
             )
         assert self.proc.stdout is not None
         deadline = time.monotonic() + timeout
@@ -201,15 +256,18 @@ class LocalCluster:
 
     Peers authenticate with a secret (``secret=True``, the default): a random one is written to
     ``<data_dir>/cluster.secret`` (mode 600) unless that file exists, and every node gets
-    ``--secret-file`` for it. ``secret=False`` runs them unauthenticated."""
+    ``--secret-file`` for it. ``secret=False`` runs them unauthenticated. ``code``: what every
+    node runs (default this code; each ``NodeProcess.code`` can change before a restart)."""
 
     def __init__(self, nodes: int = 3, *, rf: int = 3, base_port: int | None = None,
                  data_dir: str | os.PathLike[str] | None = None, host: str = "127.0.0.1",
                  extra_args: Sequence[str] = (),
                  node_args: Mapping[str, Sequence[str]] | None = None,
-                 secret: bool = True) -> None:
+                 secret: bool = True, code: NodeCode | None = None) -> None:
         self._own_dir = data_dir is None
-        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="idemcount-"))
+        # absolute: a node of another tree runs in that tree's directory
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="idemcount-")).absolute()
+        self.code = code or NodeCode()
         self.secret_file: Path | None = None
         if secret:
             self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -227,7 +285,7 @@ class LocalCluster:
                     "--data-dir", str(self.data_dir / node_id), "--rf", str(min(rf, nodes)),
                     *extra_args, *(node_args or {}).get(node_id, ())]
             self.nodes[node_id] = NodeProcess(node_id, host, port, args, self.data_dir / node_id,
-                                              self.data_dir / f"{node_id}.log")
+                                              self.data_dir / f"{node_id}.log", self.code)
 
     def add_node(self, node_id: str, *, join: Sequence[str], replaces: str | None = None,
                  port: int | None = None, args: Sequence[str] = ()) -> NodeProcess:
@@ -241,7 +299,7 @@ class LocalCluster:
             argv += ["--replace", replaces]
         node = self.nodes[node_id] = NodeProcess(node_id, self.host, port, argv,
                                                  self.data_dir / node_id,
-                                                 self.data_dir / f"{node_id}.log")
+                                                 self.data_dir / f"{node_id}.log", self.code)
         return node
 
     @property

@@ -29,7 +29,7 @@ import aiohttp
 from client.chaos.containers import ComposeNodes
 from client.config import normalize_url
 from client.proxy import Proxy, ProxyServer
-from cluster.local import LocalCluster, NodeProcess, free_ports
+from cluster.local import LocalCluster, NodeCode, NodeProcess, free_ports
 
 
 @functools.cache
@@ -46,8 +46,9 @@ class Topology:
     def __init__(self, *, nodes: int = 3, rf: int = 3, urls: Sequence[str] = (),
                  node_args: Sequence[str] = (), proxy_peers: bool | None = None,
                  seed: int | None = None, data_dir: str | None = None,
-                 compose_project: str | None = None) -> None:
+                 compose_project: str | None = None, code: NodeCode | None = None) -> None:
         self.external = [normalize_url(u) for u in urls]
+        self.code = code  # what local nodes start on (None: this code)
         if compose_project and not self.external:
             raise ValueError("--compose-project needs --nodes URLS (the compose cluster's)")
         self.containers = ComposeNodes(compose_project) if compose_project else None
@@ -139,11 +140,11 @@ class Topology:
                     dst: p.listen for (s, dst), p in self.link_proxies.items() if s == src})
             self.cluster = LocalCluster(self.n, rf=self.rf, base_port=None,
                                         data_dir=self.data_dir, extra_args=self.node_args,
-                                        node_args=per_node)
+                                        node_args=per_node, code=self.code)
             _pin_ports(self.cluster, listen)
         else:
             self.cluster = LocalCluster(self.n, rf=self.rf, data_dir=self.data_dir,
-                                        extra_args=self.node_args)
+                                        extra_args=self.node_args, code=self.code)
         await self.cluster.start()
         self.node_urls = {n.id: n.url for n in self.cluster.nodes.values()}
 
@@ -205,6 +206,16 @@ class Topology:
         self.killed.add(node_id)  # a heal meanwhile starts it again
         await node.stop(timeout=10.0)
         node.env = dict(env)
+        await self.restart(node_id)
+
+    async def restart_with_code(self, node_id: str, code: NodeCode) -> None:
+        """Stop a local node (SIGTERM) and start it on its data and port with ``code`` (a
+        rolling upgrade's step, or its rollback); returns once it printed READY."""
+        node = self.node(node_id)
+        await self.client_proxies[node_id].disable()
+        self.killed.add(node_id)  # a heal meanwhile starts it again
+        await node.stop(timeout=10.0)
+        node.code = code
         await self.restart(node_id)
 
     async def pause(self, node_id: str) -> None:

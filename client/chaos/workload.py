@@ -132,6 +132,7 @@ class Workload:
         self.done = 0
         self.inflight = 0
         self.running = False
+        self.stop_at = float("inf")  # set by run(); finish() brings it forward
 
     def stats(self) -> ClientStats:
         total = ClientStats()
@@ -157,8 +158,8 @@ class Workload:
             for c in self.clients:
                 await c.start()
             self.running = True
-            stop_at = time.monotonic() + cfg.duration
-            workers = [self._worker(slot, self.clients[slot % cfg.clients], stop_at,
+            self.stop_at = min(self.stop_at, time.monotonic() + cfg.duration)
+            workers = [self._worker(slot, self.clients[slot % cfg.clients],
                                     random.Random(self.rng.random()))
                        for slot in range(cfg.processes)]
             await asyncio.gather(*workers)
@@ -181,8 +182,12 @@ class Workload:
         if self.running:
             await asyncio.gather(*(c.refresh() for c in self.clients), return_exceptions=True)
 
-    async def _worker(self, slot: int, client: WorkloadClient, stop_at: float,
-                      rng: random.Random) -> None:
+    def finish(self) -> None:
+        """Issue no new op from now on (``duration`` is then an upper bound): ``run`` returns
+        once the ops in flight complete."""
+        self.stop_at = min(self.stop_at, time.monotonic())
+
+    async def _worker(self, slot: int, client: WorkloadClient, rng: random.Random) -> None:
         cfg, n = self.cfg, self.cfg.processes
         process = slot
         interval = n / cfg.rate
@@ -192,11 +197,11 @@ class Workload:
         weights = cfg.weights()  # the first three as before: old seeds draw the same ops
         while True:
             now = time.monotonic()
-            if now >= stop_at:
+            if now >= self.stop_at:
                 return
             if next_t > now:
-                await asyncio.sleep(min(next_t, stop_at) - now)
-                if time.monotonic() >= stop_at:
+                await asyncio.sleep(min(next_t, self.stop_at) - now)
+                if time.monotonic() >= self.stop_at:
                     return
             next_t = max(next_t + interval * rng.uniform(0.5, 1.5), time.monotonic() - interval)
             kind = rng.choices(KINDS, weights)[0]
