@@ -85,5 +85,34 @@ deploy/k8s/cluster_secret:
 compose-check: $(STAMP)
 	$(BIN)/python compose/check.py
 
+# A rolling upgrade from the last release, under load (client/chaos/upgrade.py, docs/chaos.md):
+# the release's tree (git archive) and a venv of its own (its kernels compiled) in .upgrade/,
+# built once and reused, then the play on each of UPGRADE_SEEDS; each must print VALID. Not part
+# of `make test`, whose tests/test_upgrade.py is a short form of it.
+UPGRADE_FROM ?= v0.4.0
+UPGRADE_SEEDS ?= 1 2 3
+UPGRADE_ARGS ?= --rate 200 --phase-seconds 6
+UPGRADE_TREE := .upgrade/$(UPGRADE_FROM)
+UPGRADE_VENV := .upgrade/venv-$(UPGRADE_FROM:v%=%)
+.PHONY: upgrade-check
+upgrade-check: $(STAMP) $(UPGRADE_VENV)/.installed
+	@failed=""; for seed in $(UPGRADE_SEEDS); do \
+		echo "== upgrade from $(UPGRADE_FROM) to this tree, seed $$seed"; \
+		$(BIN)/python -m client.chaos.upgrade --old-tree $(UPGRADE_TREE) \
+			--old-python $(UPGRADE_VENV)/bin/python --seed $$seed $(UPGRADE_ARGS) \
+			--out .upgrade/out-$(UPGRADE_FROM)-$$seed || failed="$$failed $$seed"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "upgrade-check: FAILED on seed(s)$$failed"; exit 1; fi; \
+	echo "upgrade-check: VALID on seeds $(UPGRADE_SEEDS)"
+
+$(UPGRADE_VENV)/.installed:
+	rm -rf $(UPGRADE_TREE) $(UPGRADE_VENV)
+	mkdir -p $(UPGRADE_TREE)
+	git archive $(UPGRADE_FROM) | tar -x -C $(UPGRADE_TREE)
+	$(PY) -m venv $(UPGRADE_VENV)
+	$(UPGRADE_VENV)/bin/pip install --quiet --upgrade pip
+	$(UPGRADE_VENV)/bin/pip install --quiet -e $(UPGRADE_TREE)
+	touch $@
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
