@@ -5,6 +5,12 @@ of a block is used, the end of the block is written to the file and fsynced (wri
 file, fsync, rename, fsync the directory). A client that crashes and restarts starts after the
 last reserved block, so it may skip numbers but never repeats one: a repeat would be taken for a
 retry and silently dropped by the cluster's dedup.
+
+The state file is a JSON object ``{"client_id": ..., "next_seq": ...}`` and, from layout 2 on,
+``"format": <layout>``. A file without ``format`` is layout 1: idemcount 0.4.0's, and what this
+SDK writes (``STATE_FORMAT``), byte for byte, so a client can go back to 0.4.0 on its file. A
+file of a later layout than ``STATE_FORMAT`` is refused with a one-line ``ConfigurationError``
+and never overwritten.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from pathlib import Path
 
 from client.config import CLIENT_ID_RE
 from client.errors import ConfigurationError
+
+STATE_FORMAT = 1  # the state file's layout: what this SDK writes, the highest it reads
 
 
 def new_client_id() -> str:
@@ -53,7 +61,14 @@ class OpIdSource:
             return None, 0
         except (OSError, ValueError) as exc:
             raise ConfigurationError(f"state_path: cannot read {self.path}: {exc}") from exc
+        form = data.get("format", 1) if isinstance(data, dict) else None
+        if type(form) is int and form > STATE_FORMAT:  # a later SDK wrote it: leave it be
+            raise ConfigurationError(
+                f"state_path: {self.path} is format {form}, newer than this SDK reads (formats "
+                f"1 to {STATE_FORMAT}): use the release that wrote it, or a later one")
         try:
+            if type(form) is not int or form < 1:
+                raise ValueError(f"format {form!r}")
             return str(data["client_id"]), int(data["next_seq"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigurationError(f"state_path: {self.path} is not a client state file") \
@@ -65,7 +80,8 @@ class OpIdSource:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
         with open(tmp, "w") as f:
-            json.dump({"client_id": self.client_id, "next_seq": limit}, f)
+            head = {"format": STATE_FORMAT} if STATE_FORMAT > 1 else {}  # 1: as 0.4.0 wrote
+            json.dump({**head, "client_id": self.client_id, "next_seq": limit}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)

@@ -13,6 +13,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TextIO
 
 from aiohttp import web
@@ -35,6 +36,7 @@ from cluster.roles.membership import depart, gone, move_loop
 from cluster.roles.settle import settle_loop
 from cluster.roles.shed import shed_loop
 from cluster.transport.peer import close_all
+from cluster.wal import LogCorruptError, read_format
 
 log = logging.getLogger("cluster.server")
 
@@ -311,6 +313,9 @@ def run(config: NodeConfig, join: str | None = None, replaces: str | None = None
 
     async def main() -> None:
         nonlocal config
+        # Before anything is written to the data directory: a directory a later release raised
+        # (its FORMAT file) is refused here, in one line, with every file left as it was.
+        read_format(Path(config.data_dir))
         members = None
         if join:
             from cluster import admin
@@ -353,8 +358,10 @@ def run(config: NodeConfig, join: str | None = None, replaces: str | None = None
         uvloop.run(main())
     except ImportError:  # pragma: no cover - uvloop is a dependency on every supported OS
         asyncio.run(main())
-    except ConfigError as exc:  # a secret, token or certificate file that does not load,
-        print(f"error: {exc}", file=sys.stderr)  # a port in use, a data dir it cannot use
+    except (ConfigError, LogCorruptError) as exc:  # a secret, token or certificate file
+        # that does not load, a port in use, a data dir it cannot use, files of a later
+        # release (FormatError) or damaged ones: one line, no traceback
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except Departed as exc:  # it left the cluster: stopped for good, not a failure
         print(f"{exc}", file=sys.stderr)
@@ -364,6 +371,11 @@ def run(config: NodeConfig, join: str | None = None, replaces: str | None = None
             profiler.disable()
             profiler.dump_stats(f"{profile_path}.{config.node_id}")
     return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    """An error's message on one line (a path or a reason may hold a newline)."""
+    return " ".join(str(exc).splitlines())
 
 
 async def _cancel_all(tasks: list[asyncio.Task[None]], rounds: int = 100) -> None:

@@ -338,7 +338,12 @@ class NodeState:
 
     def load_blob(self, blob: bytes) -> None:
         data = msgpack.unpackb(blob, strict_map_key=True)
-        if data.get("version") != SNAPSHOT_VERSION:
+        version = data.get("version")
+        if type(version) is int and version > SNAPSHOT_VERSION:  # a later release wrote it
+            from cluster.core.versions import newer
+
+            raise newer("snapshot contents", version, SNAPSHOT_VERSION)
+        if version != SNAPSHOT_VERSION:
             raise ValueError(f"snapshot version {data.get('version')} is not {SNAPSHOT_VERSION}")
         self.shards = ShardStore.from_bytes(data["shards"], self.shards.own)
         load = _dedup_module().load_dedup

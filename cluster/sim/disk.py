@@ -21,6 +21,7 @@ from typing import Any
 import msgpack
 
 from cluster.core.membership import Membership
+from cluster.core.versions import PROTOCOL_MAX
 from cluster.roles.checks import consume
 from cluster.wal import LogRecord, decode_segment, encode_columns, encode_records, scan
 from cluster.wal.errors import LogClosedError
@@ -41,6 +42,7 @@ class SimDisk:
         self.frames: list[bytes] = []
         self.snapshot: bytes | None = None
         self.incarnation = 0
+        self.format = 1  # the format its log last wrote in (``SimLog.set_format``)
         self.fsyncs = 0
         self.truncated = 0  # torn or corrupt tails cut off at a recovery
         # every frame ever synced, with the virtual time of its fsync (post-mortems only)
@@ -53,7 +55,8 @@ class SimDisk:
 
 class SimLog:
     """``DurableLog`` on a ``SimDisk``: start, stop, abort, replay, load_snapshot,
-    write_snapshot, append_nowait, append_columns_nowait, the lazy appends, stats."""
+    write_snapshot, append_nowait, append_columns_nowait, the lazy appends, stats,
+    set_format."""
 
     def __init__(self, disk: SimDisk, *, fsync_delay: float = 0.002) -> None:
         self.disk = disk
@@ -66,6 +69,7 @@ class SimLog:
         self._started = False
         self._on_disk: list[bytes] = []
         self._snapshot: bytes | None = None
+        self._format = 1
         self._stats = _MutableStats()
         # called (once, at the next loop turn) after the next append is queued, before its
         # fsync: the nemesis crashes the node there
@@ -84,6 +88,18 @@ class SimLog:
                 disk.truncated += 1
                 disk.frames[-1:] = [last[:good]] if good else []
         self._on_disk, self._snapshot = list(disk.frames), disk.snapshot
+
+    def set_format(self, version: int) -> None:
+        """``DurableLog.set_format``: the format of the segments written from now on. The
+        simulated disk holds frames, not segment files, so it only records the number (a new
+        log starts at 1, as ``DurableLog`` does; the disk keeps the last one set)."""
+        if type(version) is not int or not 1 <= version <= PROTOCOL_MAX:
+            raise ValueError(f"log format must be 1 to {PROTOCOL_MAX}, got {version!r}")
+        self._format = self.disk.format = version
+
+    @property
+    def format(self) -> int:
+        return self._format
 
     async def stop(self) -> None:
         if self._running:

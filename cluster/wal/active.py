@@ -13,6 +13,11 @@ device write and wait per commit, a third of the writer thread's waits under loa
 of ``sched_switch``). The zeros are not records: recovery ends a segment where they begin
 (``cluster.wal.files``), and a segment is trimmed to its records when it is rotated or the log
 stops (durably at a rotation, so that only the last segment can end in zeros).
+
+``format``: the format of the segments this creates (``cluster.wal.segments``); from 2 a new
+segment starts with its header, written and fdatasynced before any record (once per segment,
+off the append path), so a segment that holds records always has its whole header. The log sets
+it (``DurableLog.set_format``); a segment keeps the format it was created in.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from pathlib import Path
 
 from cluster.wal import files
 from cluster.wal.errors import LogClosedError
-from cluster.wal.segments import _segment_name
+from cluster.wal.segments import _segment_header, _segment_name
 
 # Zeros kept ahead of the records; refilled (in one write) once half of them are used, so the
 # file grows, and an fdatasync writes its inode, once per ZERO_AHEAD / 2 bytes of records.
@@ -38,12 +43,16 @@ class ActiveSegment:
     log rotates, which the zeros never pass."""
 
     def __init__(self, directory: Path, seq: int, size: int, *, fsync: bool,
-                 create: bool, limit: int = 64 << 20) -> None:
+                 create: bool, limit: int = 64 << 20, format: int = 1) -> None:
         self.dir, self.fsync, self.limit = directory, fsync, limit
+        self.format = format  # of the segments created from now on (the loop may change it)
         self.lock = threading.Lock()
         self.fd = self._open(seq, create)
         self.seq, self.size = seq, size
         self.end = os.fstat(self.fd).st_size
+        if size == 0:  # new, or holding no record (recovery cut it to nothing): a header first
+            self.size = self._start(self.fd)
+            self.end = max(self.end, self.size)
 
     @property
     def full(self) -> bool:
@@ -105,12 +114,26 @@ class ActiveSegment:
             if self._trim() and self.fsync:
                 files._datasync(self.fd)
         fd = self._open(self.seq + 1, True)
+        try:
+            size = self._start(fd)
+        except BaseException:
+            os.close(fd)
+            raise
         with self.lock:
             if self.fd < 0:
                 os.close(fd)
                 raise LogClosedError("log closed during a rotation")
             os.close(self.fd)
-            self.fd, self.seq, self.size, self.end = fd, self.seq + 1, 0, 0
+            self.fd, self.seq, self.size, self.end = fd, self.seq + 1, size, size
+
+    def _start(self, fd: int) -> int:
+        """Write a new segment's header (none at format 1), durably; its size."""
+        header = _segment_header(self.format)
+        if header:
+            os.pwrite(fd, header, 0)  # 16 bytes: one write
+            if self.fsync:
+                files._datasync(fd)
+        return len(header)
 
     def close(self, *, trim: bool = False) -> None:
         """Close the file; ``trim``: cut the zeros after the records first (a clean stop; a

@@ -5,6 +5,11 @@
 
 Recovery (``_recover``) takes the latest valid snapshot and the segments from its seq on.
 
+- First, before it deletes or truncates anything: a snapshot, a segment header
+  (``cluster.wal.segments``) or a record (``cluster.wal.records``) of a newer format than this
+  code reads raises ``FormatError`` (a later release wrote it). Such a file is never taken for
+  damage: not skipped for an older snapshot, not cut away as a torn tail.
+
 - Zeros after the last good record of the last segment are the space the writer keeps ahead of
   its records (``cluster.wal.active``): they end the log and are cut away, silently.
 - Any other bad record with no valid record after it is a torn tail (a crash mid-commit): it
@@ -30,10 +35,18 @@ from pathlib import Path
 
 import numpy as np
 
+from cluster.core.versions import newer
 from cluster.wal.errors import LogCorruptError
-from cluster.wal.frames import _FRAME, MAX_COMMIT_BYTES, MAX_RECORD_BYTES, _frame_end, scan
-from cluster.wal.records import _decode
-from cluster.wal.segments import _ARCHIVE, _segment_name, _snapshot_name, list_dir
+from cluster.wal.frames import _FRAME, MAX_COMMIT_BYTES, MAX_RECORD_BYTES, _frame_end, _iter_frames
+from cluster.wal.records import NewerFormError, _decode
+from cluster.wal.segments import (
+    _ARCHIVE,
+    _newer_record,
+    _segment_name,
+    _segment_start,
+    _snapshot_name,
+    list_dir,
+)
 
 __all__: list[str] = []
 
@@ -76,6 +89,8 @@ def _read_snapshot(path: Path, seq: int) -> bytes:
     if len(data) < _SNAP_HEADER.size:
         raise LogCorruptError(path, 0, "snapshot shorter than its header")
     magic, version, _flags, hseq, length, crc = _SNAP_HEADER.unpack_from(data)
+    if magic == _SNAP_MAGIC and version > _SNAP_VERSION:  # a later release wrote it
+        raise newer(f"snapshot {path}", version, _SNAP_VERSION)
     if magic != _SNAP_MAGIC or version != _SNAP_VERSION:
         raise LogCorruptError(path, 0, f"not a version {_SNAP_VERSION} snapshot")
     blob = memoryview(data)[_SNAP_HEADER.size :]
@@ -170,12 +185,17 @@ def _recover(directory: Path, fsync: bool) -> _Recovered:
     for tmp in directory.glob("*.snap.tmp"):  # a snapshot write that never reached its rename
         tmp.unlink()
     segments, snapshots = list_dir(directory)
-    snap_seq = _choose_snapshot(segments, snapshots)
+    snap_seq = _choose_snapshot(segments, snapshots)  # FormatError for a newer snapshot
+    first = snap_seq or 1
+    live = sorted(s for s in segments if s >= first)
+    paths = [segments[s] for s in live]
+    bufs = [p.read_bytes() for p in paths]
+    # each segment's frames (header skipped) up to its first bad one; FormatError, before
+    # anything is deleted or truncated, for a header or a record of a newer format
+    spans = [_check_segment(p, b) for p, b in zip(paths, bufs, strict=True)]
     for seq, path in [*segments.items(), *snapshots.items()]:
         if seq < snap_seq:  # a crash interrupted the deletion that follows a snapshot
             path.unlink()
-    first = snap_seq or 1
-    live = sorted(s for s in segments if s >= first)
     expected = range(first, max(live, default=first - 1) + 1)
     if snap_seq and not live:
         expected = range(first, first + 1)  # the rotation creates it before the snapshot exists
@@ -184,7 +204,7 @@ def _recover(directory: Path, fsync: bool) -> _Recovered:
     for want, have in zip(expected, [*live, None], strict=False):
         if want != have:
             raise LogCorruptError(directory / _segment_name(want), 0, "segment missing")
-    ends = _repair_tail([segments[s] for s in live], fsync)
+    ends = _repair_tail(paths, bufs, spans, fsync)
     return _Recovered(
         snapshot=(snap_seq, snapshots[snap_seq]) if snap_seq else None,
         segments=list(zip(live, ends, strict=True)),
@@ -192,13 +212,40 @@ def _recover(directory: Path, fsync: bool) -> _Recovered:
     )
 
 
-def _repair_tail(paths: list[Path], fsync: bool) -> list[int]:
+# A good frame's first two payload bytes when it is of a form this code reads: a msgpack array
+# of 9 (v1), an array of 10 whose first item is 2 (v2). Any other frame is decoded to tell a
+# newer form from garbage (rare: only those pay for it).
+_V1_HEAD, _V2_HEAD = 0x99, b"\x9a\x02"
+
+
+def _check_segment(path: Path, buf: bytes) -> tuple[int, int]:
+    """(offset of the first frame, offset of the first frame that is not good) of a segment's
+    bytes: ``scan`` past its header, also checking each good frame's form. ``FormatError``
+    for a header or a record of a newer format; a frame of no form at all is left to replay
+    (``LogCorruptError``), as it always was."""
+    _version, start = _segment_start(path, buf)
+    good, size = start, _FRAME.size
+    for off, end in _iter_frames(buf, start):
+        good = end
+        head = off + size
+        if buf[head] == _V1_HEAD or buf[head : head + 2] == _V2_HEAD:
+            continue
+        try:
+            _decode(memoryview(buf)[head:end])
+        except NewerFormError as exc:
+            raise _newer_record(path, off, exc) from None
+        except Exception:  # noqa: BLE001 - not records: replay says so
+            pass
+    return start, good
+
+
+def _repair_tail(paths: list[Path], bufs: list[bytes], spans: list[tuple[int, int]],
+                 fsync: bool) -> list[int]:
     """Valid end offset of each segment after cutting zeros and a torn tail; raises on
-    corruption."""
-    bufs = [p.read_bytes() for p in paths]
+    corruption. ``spans``: each segment's (first frame, first bad frame), ``_check_segment``."""
     ends = [len(b) for b in bufs]
     for i, buf in enumerate(bufs):
-        bad = scan(buf)
+        bad = spans[i][1]
         if bad == len(buf):
             continue
         last = i == len(bufs) - 1
@@ -206,6 +253,10 @@ def _repair_tail(paths: list[Path], fsync: bool) -> list[int]:
             ends[i] = bad
             _truncate(paths[i], bad, fsync)
             break
+        for j in range(i, len(bufs)):  # a later release's record: not ours to judge or cut
+            found = _find_record(bufs[j], bad + 1 if j == i else 0, newer_only=True)
+            if found is not None:
+                raise _newer_at(paths[j], bufs[j], found)
         reach = MAX_COMMIT_BYTES if last else 1  # a torn commit's pages, in any order
         for j in range(i, len(bufs)):
             found = _find_record(bufs[j], bad + reach if j == i else 0)
@@ -225,9 +276,19 @@ def _repair_tail(paths: list[Path], fsync: bool) -> list[int]:
     return ends
 
 
-def _find_record(buf: bytes, start: int) -> int | None:
+def _newer_at(path: Path, buf: bytes, off: int) -> Exception:
+    """The ``FormatError`` for the record of a newer form at ``off`` (``_find_record``)."""
+    try:
+        _decode(memoryview(buf)[off + _FRAME.size : _frame_end(buf, off)])
+    except NewerFormError as exc:
+        return _newer_record(path, off, exc)
+    raise AssertionError("not a newer record")  # pragma: no cover
+
+
+def _find_record(buf: bytes, start: int, *, newer_only: bool = False) -> int | None:
     """First offset >= start holding a frame that passes its checksum and decodes to records
-    with fields of the right types.
+    with fields of the right types, or to a record of a newer form (``newer_only``: only
+    such a record).
 
     A torn record's bytes hold client data, but an op id cannot hide a frame in them: a frame
     header holds a NUL byte (its length's high byte), and ``cluster.edge.validate`` refuses control
@@ -249,9 +310,12 @@ def _find_record(buf: bytes, start: int) -> int | None:
                 continue
             try:
                 _decode(memoryview(buf)[off + _FRAME.size : end])
+            except NewerFormError:  # a record all the same
+                return off
             except Exception:  # garbage that happens to pass crc32 is not a record
                 continue
-            return off
+            if not newer_only:
+                return off
     return None
 
 

@@ -46,12 +46,13 @@ def _iter_frames(buf: bytes, off: int = 0) -> Iterator[tuple[int, int]]:
         off = end
 
 
-def scan(buf: bytes) -> int:
-    """Offset of the first frame in ``buf`` that is not good (a tail shorter than a header
-    counts as one), or ``len(buf)`` when every frame is good. ``buf[:scan(buf)]`` is the part
-    of a segment that holds whole frames."""
-    good = 0
-    for _start, end in _iter_frames(buf):
+def scan(buf: bytes, start: int = 0) -> int:
+    """Offset of the first frame in ``buf`` from ``start`` on that is not good (a tail shorter
+    than a header counts as one), or ``len(buf)`` when every frame is good. ``buf[:scan(buf)]``
+    is the part of a headerless segment that holds whole frames; a segment with a header
+    (``cluster.wal.segments``) has its frames from ``start`` = the header's size."""
+    good = start
+    for _start, end in _iter_frames(buf, start):
         good = end
     return good
 

@@ -30,6 +30,7 @@ from cluster.wal.frames import MAX_RECORD_BYTES
 
 __all__ = [
     "LogRecord",
+    "NewerFormError",
     "RecordKind",
     "encode_columns",
     "encode_records",
@@ -42,6 +43,15 @@ __all__ = [
 # name as a method call, which is what the encoders were measured with.
 _FRAME = _frames._FRAME
 _I64_MIN, _I64_MAX, _U64_MAX = -(1 << 63), (1 << 63) - 1, (1 << 64) - 1
+
+
+class NewerFormError(ValueError):
+    """A payload of a record form above the ones this code reads (``form``): written by a later
+    release, not damage."""
+
+    def __init__(self, form: int) -> None:
+        super().__init__(f"log record form {form}, newer than forms 1 to {_COLUMNAR}")
+        self.form = form
 
 
 class RecordKind(IntEnum):
@@ -207,6 +217,8 @@ def _decode_payload(obj: Any) -> list[LogRecord]:
                 raise ValueError(f"log record field of type {type(value).__name__}")
         return [LogRecord(*obj)]
     if len(obj) != 10 or obj[0] != _COLUMNAR:
+        if obj and type(obj[0]) is int and obj[0] > _COLUMNAR:
+            raise NewerFormError(obj[0])
         raise ValueError(f"not a log record payload (array of {len(obj)})")
     op_ids = obj[2]
     if type(op_ids) is not tuple:

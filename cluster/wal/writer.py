@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import msgpack
 
 from cluster.core.errors import ConfigError
+from cluster.core.versions import PROTOCOL_MAX
 from cluster.wal.active import ActiveSegment
 from cluster.wal.committer import _STOP, Committer, _call, _Entry, _Rotation
 from cluster.wal.errors import LogClosedError, LogError, LogWriteError
@@ -88,6 +89,7 @@ class DurableLog:
         self._segment_bytes = segment_bytes
         self._fsync_in_loop = fsync_in_loop
         self._archive = archive  # covered segments go to <dir>/archive/ instead of away
+        self._format = 1  # of the segments created from now on (``set_format``)
         self._pack = msgpack.Packer().pack
         # Loop side: everything queued and not yet answered, in queue order (the writer
         # answers in that order). Writer side (``_committer``): the same items, handed over
@@ -126,7 +128,8 @@ class DurableLog:
         seq, size = rec.segments[-1] if rec.segments else (rec.next_seq, 0)
         self._segment = await loop.run_in_executor(
             None, lambda: ActiveSegment(self._dir, seq, size, fsync=self._fsync,
-                                        create=not rec.segments, limit=self._segment_bytes)
+                                        create=not rec.segments, limit=self._segment_bytes,
+                                        format=self._format)
         )
         self._recovered = rec
         self._snapshot = rec.snapshot
@@ -134,6 +137,24 @@ class DurableLog:
         self._done = loop.create_future()
         self._running = True
         self._committer.start(self._segment, loop, f"wal-writer:{self._dir.name}")
+
+    def set_format(self, version: int) -> None:
+        """Create the segments from now on in format ``version`` (``cluster.wal.segments``):
+        1 headerless, byte for byte what idemcount 0.4.0 writes; 2 with a header naming it.
+        The segment being written keeps its format (a reader reads either); the next rotation
+        (a snapshot's, or a full segment's) creates one in the new format. Called before
+        ``start``, it also applies to a segment ``start`` creates. Reading never depends on it.
+        ``ValueError`` for a version this code cannot write."""
+        if type(version) is not int or not 1 <= version <= PROTOCOL_MAX:
+            raise ValueError(f"log format must be 1 to {PROTOCOL_MAX}, got {version!r}")
+        self._format = version
+        if self._segment is not None:
+            self._segment.format = version  # read by the writer thread at its next rotation
+
+    @property
+    def format(self) -> int:
+        """The format segments are created in (``set_format``)."""
+        return self._format
 
     async def stop(self) -> None:
         """Write and fsync everything appended so far, finish a running snapshot, close."""
