@@ -44,7 +44,7 @@ from cluster.roles.state import NodeState
 from cluster.transport.auth import PeerAuth, load_secret
 from cluster.transport.peer import PeerLink, peer_ssl
 from cluster.transport.wire import SPEAKS, Kind, Status
-from cluster.wal import DurableLog, RecordKind
+from cluster.wal import DurableLog, RecordKind, read_format
 
 __all__ = ["Node", "next_incarnation", "quorum_future"]
 
@@ -84,7 +84,7 @@ class Node:
         self._keep_ring = keep_ring or (lambda ms: None)
         self._incarnation = incarnation or (lambda: next_incarnation(data_dir))
         if self._data_dir is not None:  # before anything is read or written: not a newer
-            protocol.check_data_dir(self._data_dir)  # release's directory (one line)
+            read_format(self._data_dir)  # release's directory (FormatError, one line)
         self.membership = membership.initial(self._data_dir, config, members)
         self.ring: Placement = self.membership.placement()
         self.peer_versions: dict[str, int] = {}  # the ring version each peer last showed
@@ -365,6 +365,9 @@ class Node:
         A member admitted by a join carries the version that admitted it (``n4@12.1``): an
         id that left and comes back, even on an empty disk, never reuses an origin.
         """
+        # the log first: a segment or snapshot of a newer format refuses the start before the
+        # incarnation or the ring file is written (nothing in the directory changes)
+        await self.log.start()
         incarnation = self._incarnation()
         if incarnation == 1 and self._data_dir is not None and self.links:
             # an empty data dir: a new cluster, or this node lost its disk and the peers
@@ -382,7 +385,6 @@ class Node:
         self.state.set_origin(self.origin)
         if self._data_dir is not None:
             membership.persist(self._data_dir, self.membership)
-        await self.log.start()
         blob = self.log.load_snapshot()
         if blob is not None:
             self.state.load_blob(blob)

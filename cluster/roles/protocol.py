@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from cluster.core.membership import Membership, MembershipError
 from cluster.core.versions import PROTOCOL_MAX, PROTOCOL_MIN, speaks
+from cluster.wal.formats import write_format
 
 log = logging.getLogger("cluster.protocol")
 
@@ -88,24 +89,11 @@ def finalizable(node: Node, asked: Any) -> int:
     return asked
 
 
-def check_data_dir(data_dir: Path) -> None:
-    """Refuse (``FormatError``, one line) a data directory a newer release wrote into."""
-    try:
-        from cluster.wal.formats import read_format
-    except ImportError:  # pragma: no cover - until the module lands
-        return
-    read_format(data_dir)
-
-
 def adopt(node: Node, level: int, data_dir: Path | None) -> None:
     """Send and write ``level`` from now on: the data directory's FORMAT file first (before
     any file of that version), then new log segments, then the frames on every link."""
     if data_dir is not None and level > 1:
-        from cluster.wal.formats import write_format  # TEMP lazy until the module lands
-
         write_format(data_dir, level)
-    set_format = getattr(node.log, "set_format", None)  # TEMP until the log has it
-    if set_format is not None:
-        set_format(level)
+    node.log.set_format(level)
     for link in node.links.values():
         link.form = level
