@@ -214,6 +214,12 @@ def _speaks_line(health: dict[str, Any] | None) -> tuple[str, int]:
             f"cluster at {proto.get('cluster', 1)}"), int(hi)
 
 
+def _cluster_protocol(health: dict[str, Any]) -> int:
+    """The finalized protocol a member's /v1/health shows (release 0.4.0 shows none: 1)."""
+    proto = health.get("protocol")
+    return int(proto.get("cluster", 1)) if isinstance(proto, dict) else 1
+
+
 async def finalize(via: Sequence[tuple[str, int]], secret_file: str | None, timeout: float,
                    protocol: int | None = None, dry_run: bool = False, out: Any = sys.stdout,
                    ssl_context: ssl.SSLContext | None = None) -> int:
@@ -249,8 +255,7 @@ async def finalize(via: Sequence[tuple[str, int]], secret_file: str | None, time
         healths = await asyncio.gather(*(_health(m.host, m.port, 5.0, ssl_context)
                                          for m in members))
         behind = [m.id for m, h in zip(members, healths, strict=True)
-                  if h is None or not isinstance(h.get("protocol"), dict)
-                  or h["protocol"].get("cluster", 1) < got.protocol]
+                  if h is None or _cluster_protocol(h) < got.protocol]
         if not behind:
             print(f"protocol {got.protocol} on every member", file=out, flush=True)
             return 0

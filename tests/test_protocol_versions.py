@@ -131,11 +131,10 @@ def test_a_joiner_must_speak_the_finalized_protocol() -> None:
 
 
 class _Node:
-    def __init__(self, heard: dict[str, tuple[int, int]], live: set[str]) -> None:
+    def __init__(self, live: set[str]) -> None:
         self.id = "n1"
         self.membership = Membership.bootstrap(
             [("n1", "h", 1), ("n2", "h", 2), ("n3", "h", 3)], rf=3, vnodes=8)
-        self.peer_speaks = heard
         self._live = live
 
     def is_live(self, peer: str) -> bool:
@@ -144,18 +143,19 @@ class _Node:
 
 def test_finalize_waits_for_every_member_to_be_live_and_to_speak_the_version() -> None:
     both = {"n2", "n3"}
-    assert protocol.finalizable(_Node({"n2": (1, 2), "n3": (1, 2)}, both), None) == 2
-    assert protocol.finalizable(_Node({"n2": (1, 2), "n3": (1, 2)}, both), 1) == 1
+    assert protocol.finalizable(_Node(both), None, {"n2": (1, 2), "n3": (1, 2)}) == 2
+    assert protocol.finalizable(_Node(both), 1, {"n2": (1, 2), "n3": (1, 2)}) == 1
     with pytest.raises(MembershipError, match="n3 speaks up to 1"):
-        protocol.finalizable(_Node({"n2": (1, 2), "n3": (1, 1)}, both), 2)
-    # asked for nothing in particular with an old member: nothing to raise
-    assert protocol.finalizable(_Node({"n2": (1, 2), "n3": (1, 1)}, both), None) == 1
+        protocol.finalizable(_Node(both), 2, {"n2": (1, 2), "n3": (1, 1)})
+    # asked for the highest with a member still on the old release: refused at once, naming it
+    with pytest.raises(MembershipError, match="nothing to finalize: member n3 speaks up to 1"):
+        protocol.finalizable(_Node(both), None, {"n2": (1, 2), "n3": (1, 1)})
     with pytest.raises(MembershipError, match="n3 is not live"):
-        protocol.finalizable(_Node({"n2": (1, 2), "n3": (1, 2)}, {"n2"}), None)
+        protocol.finalizable(_Node({"n2"}), None, {"n2": (1, 2), "n3": (1, 2)})
     with pytest.raises(MembershipError, match="n2 is not live"):
-        protocol.finalizable(_Node({"n3": (1, 2)}, both), None)
+        protocol.finalizable(_Node(both), None, {"n3": (1, 2)})
     with pytest.raises(MembershipError):
-        protocol.finalizable(_Node({"n2": (1, 2), "n3": (1, 2)}, both), PROTOCOL_MAX + 1)
+        protocol.finalizable(_Node(both), PROTOCOL_MAX + 1, {"n2": (1, 2), "n3": (1, 2)})
 
 
 # -- a cluster finalized ----------------------------------------------------------------------

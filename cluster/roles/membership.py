@@ -292,10 +292,11 @@ class Changes:
         one is a move under way)."""
         node = self.node
         async with self.lock:
+            if req.get("change") == "protocol":  # judged here, by what the peers speak now
+                heard = await protocol.ask_speaks(node, node.config.quorum_timeout)
+                req = {**req, "to": protocol.finalizable(node, req.get("protocol"), heard)}
             for _ in range(PROPOSE_ATTEMPTS):
                 ms = node.membership
-                if req.get("change") == "protocol":  # judged here, by what the peers speak
-                    req = {**req, "to": protocol.finalizable(node, req.get("protocol"))}
                 new = _apply(ms, req, node.clock())
                 if new is ms:
                     return ms.to_wire()

@@ -11,12 +11,14 @@ in the cluster reads, so any node can be rolled back (docs/operations.md).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 from typing import Any, Protocol
 
 from cluster.core.membership import Membership, MembershipError
 from cluster.core.versions import PROTOCOL_MAX, PROTOCOL_MIN, speaks
+from cluster.transport.wire import SPEAKS, Kind
 from cluster.wal.formats import write_format
 
 log = logging.getLogger("cluster.protocol")
@@ -63,22 +65,52 @@ def saw(node: Heard, peer: str, value: Any) -> None:
             log.info("member %s now speaks protocol %d to %d", peer, *got)
 
 
-def finalizable(node: Node, asked: Any) -> int:
+async def ask_speaks(node: Node, timeout: float) -> dict[str, tuple[int, int]]:
+    """What every other member holding keys speaks *now*: a heartbeat sent to each, the
+    answers within ``timeout``. (The last heartbeats may predate a restart on another release:
+    a node rolled back faster than the failure timeout would still show its old range.)"""
+    ms = node.membership
+    ping = {"t": 0.0, "ring": ms.version, "speaks": list(SPEAKS)}
+    peers = [m for m in ms.reachable if m != node.id and m in node.links]
+    futs = [node.links[m].call(Kind.PING, [ping], probe=True) for m in peers]
+    if not futs:
+        return {}
+    await asyncio.wait(futs, timeout=timeout)
+    heard = {}
+    for member, fut in zip(peers, futs, strict=True):
+        if not fut.done():
+            fut.cancel()
+            continue
+        if fut.exception() is not None:
+            continue
+        body = fut.result()
+        answer = body[0] if isinstance(body, list) and body else body
+        if isinstance(answer, dict):
+            saw(node, member, answer.get("speaks"))
+            if member in node.peer_speaks:
+                heard[member] = node.peer_speaks[member]
+    return heard
+
+
+def finalizable(node: Node, asked: Any, heard: dict[str, tuple[int, int]]) -> int:
     """The version a finalize request may take the cluster to: ``asked``, or when None the
-    highest every member speaks. ``MembershipError`` (nothing changes) when a member holding
-    keys is not live or has not said what it speaks, or does not speak that version."""
+    highest every member speaks, by ``heard`` (``ask_speaks``). ``MembershipError`` (nothing
+    changes) when a member holding keys did not answer or does not speak that version."""
     ms = node.membership
     highest, lowest_by = PROTOCOL_MAX, node.id
     for member in ms.reachable:
         if member == node.id:
             continue
-        got = node.peer_speaks.get(member)
+        got = heard.get(member)
         if got is None or not node.is_live(member):
-            raise MembershipError(f"cannot finalize: member {member} is not live or has not "
-                                  f"answered a heartbeat yet; finalize once every member is up")
+            raise MembershipError(f"cannot finalize: member {member} is not live or did not "
+                                  f"answer; finalize once every member is up")
         if got[1] < highest:
             highest, lowest_by = got[1], member
     if asked is None:
+        if highest <= ms.protocol and lowest_by != node.id:  # asked for progress, none to make
+            raise MembershipError(f"nothing to finalize: member {lowest_by} speaks up to "
+                                  f"{highest}, the version finalized already; upgrade it first")
         return max(highest, ms.protocol)
     if type(asked) is not int or not PROTOCOL_MIN <= asked <= PROTOCOL_MAX:
         raise MembershipError(f"cannot finalize protocol {asked!r}: this node speaks "
