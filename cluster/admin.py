@@ -235,14 +235,23 @@ async def finalize(via: Sequence[tuple[str, int]], secret_file: str | None, time
                                      for m in members))
     for m, h in zip(members, healths, strict=True):
         print(f"  {m.id}  {m.addr}  {_speaks_line(h)[0]}", file=out, flush=True)
+    tops = [_speaks_line(h)[1] for h in healths]
+    highest = min(tops, default=0)
     if dry_run:
-        highest = min((_speaks_line(h)[1] for h in healths), default=0)
         print(f"cluster at protocol {ms.protocol}; every member speaks up to {highest}"
               + ("" if highest > ms.protocol else ": nothing to finalize"), file=out, flush=True)
         return 0
+    want = protocol or max(tops, default=0)
+    behind = [f"{m.id} ({_speaks_line(h)[0]})" for m, h, top in zip(members, healths, tops,
+                                                                   strict=True) if top < want]
+    if behind:  # said here, before a member of an older release is asked to judge it
+        raise AdminError(f"finalize: cannot finalize protocol {want}: {', '.join(behind)}; "
+                         f"upgrade it first (nothing changed)")
+    # asked of members that speak it (one of an older release would not know the change)
+    seeds = [(m.host, m.port) for m in members] or list(via)
     try:
         got = Membership.from_wire(await ask_change(
-            via, me, secret_file,
+            seeds, me, secret_file,
             {"op": "change", "change": "protocol", "protocol": protocol},
             ssl_context=ssl_context))
     except (AdminError, MembershipError) as exc:

@@ -274,6 +274,8 @@ class Changes:
     async def change(self, req: dict[str, Any]) -> dict[str, Any]:
         """Hand ``req`` to its claimant while that one is live, else propose it here."""
         node = self.node
+        if req.get("change") == "protocol":  # proposed here, by a node that speaks it (the
+            return await self.apply(req)  # claimant may run an older release that does not)
         subject = str(req.get("replaces") or req.get("id") or "")
         claimant = node.membership.claimant(subject, node.is_live)
         link = node.links.get(claimant)
