@@ -6,14 +6,17 @@ Then, a phase each, with ``--phase-seconds`` of load after each step: every node
 the NEW code (this tree, or ``--new-tree``) on its own data directory and port (SIGTERM, start,
 wait until ready); one node is rolled back to the OLD code (finalize, tried then, must be
 refused: exit 1) and forward again; the cluster is finalized (``python -m cluster finalize``
-must exit 0, then every node's ``/v1/health`` say cluster protocol 2); the load runs on.
-Healed and quiet, every replica is read and the history judged by the chaos checker.
+must exit 0, then every node's ``/v1/health`` say cluster protocol 2); the load runs on; one
+node is restarted on the NEW code, reading back the log segments written in protocol 2 (nodes
+snapshot every second, and each snapshot starts a segment). Healed and quiet, every replica
+is read and the history judged by the chaos checker.
 
 VALID needs all of: the checker's verdict (no acknowledged op lost, none counted twice, every
 read in bounds, the replicas equal); each phase acknowledged at least ``--min-ack`` of the adds
 issued in it; no node's log shows a peer frame refused as undecodable or of a form it does not
 speak; each node's ``/v1/health`` answers as the code it was started on (an OLD node has no
-``protocol`` key; a NEW one says cluster protocol 1 until finalize); finalize exited 0.
+``protocol`` key; a NEW one says cluster protocol 1 until finalize); finalize exited 0; after
+it, every node's ``FORMAT`` file says 2 and it holds a log segment with a format-2 header.
 ``--plant`` starts the NEW nodes with ``IDC_TEST_FRAME_FORM=2`` (test only: every peer frame
 in form 2 before any finalize, an incompatible frame change planted): the play must fail.
 
@@ -50,6 +53,7 @@ from client.chaos.topology import Topology
 from client.chaos.workload import Workload, WorkloadConfig
 from client.checker import CounterReport, check
 from cluster.local import NodeCode
+from cluster.wal import read_format, segment_format
 
 # the form a planted frame change sends in (test only, cluster/transport/wire.py)
 PLANT_ENV = "IDC_TEST_FRAME_FORM"
@@ -218,6 +222,21 @@ class _Play:
             out[node_id] = len(hits)
         return out
 
+    def formats_on_disk(self) -> str:
+        """After finalize: every node's FORMAT file at the finalized version, and a log segment
+        written in it (a failure otherwise); what was found, in words."""
+        found = []
+        for node_id in self.topo.ids:
+            directory = self.topo.node(node_id).data_dir
+            written = read_format(directory)
+            segments = sorted((directory / "log").glob("*.wal"))
+            headed = sum(1 for seg in segments if segment_format(seg) == FINALIZED)
+            if written != FINALIZED or not headed:
+                self.fail(f"{node_id}: FORMAT {written}, {headed} of {len(segments)} log "
+                          f"segments in format {FINALIZED} after finalize")
+            found.append(f"{node_id} {headed}/{len(segments)}")
+        return f"segments in format {FINALIZED}: {', '.join(found)}"
+
     def restart_step(self, node_id: str, label: str) -> Callable[[], Awaitable[str]]:
         return lambda: self.restart(node_id, label)
 
@@ -368,6 +387,13 @@ async def _steps(play: _Play, rng: random.Random) -> str:
 
     await play.phase("finalize", finalize)
     await play.phase("finalized")
+    again = rng.choice(ids)
+
+    async def restart_finalized() -> str:  # recovers segments written in the new format
+        said = await play.restart(again, "new")
+        return f"{said}; {play.formats_on_disk()}"
+
+    await play.phase(f"restart {again}", restart_finalized)
     return finalized
 
 
@@ -405,7 +431,10 @@ async def has_finalize(code: NodeCode) -> bool:
 
 
 PHASES = ("old", "upgrade", "upgrade", "upgrade", "rollback", "forward", "finalize",
-          "finalized")
+          "finalized", "restart")
+# Snapshots every second: each rotates the log, so segments in the finalized format are
+# written, and read back by the last phase's restart, within a phase of a few seconds
+NODE_ARGS = ("--snapshot-interval", "1")
 
 
 async def run_upgrade(cfg: UpgradeConfig, echo: Callable[[str], None] = print) -> UpgradeResult:
@@ -431,7 +460,7 @@ async def run_upgrade(cfg: UpgradeConfig, echo: Callable[[str], None] = print) -
     data_dir = str(Path(cfg.data_dir).absolute()) if cfg.data_dir else None
     try:
         async with Topology(nodes=3, rf=3, seed=rng.randrange(1 << 30), data_dir=data_dir,
-                            code=cfg.old) as topo:
+                            code=cfg.old, node_args=NODE_ARGS) as topo:
             workload = Workload(wcfg, topo.client_urls, history, seed=rng.randrange(1 << 30))
             history.start = time.monotonic()
             load = asyncio.ensure_future(workload.run())
