@@ -40,8 +40,9 @@ class FormatError(ConfigError):
 
 def newer(what: str, found: int, reads: int = PROTOCOL_MAX) -> FormatError:
     """The one-line refusal: ``what`` is version ``found``, this code reads up to ``reads``."""
+    reads_what = "version 1" if reads == 1 else f"versions 1 to {reads}"
     return FormatError(
-        f"{what} is version {found}, newer than this node reads (versions 1 to {reads}, "
+        f"{what} is version {found}, newer than this node reads ({reads_what}, "
         f"idemcount {release()}): run the release that wrote it, or a later one")
 
 
