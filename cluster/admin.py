@@ -80,6 +80,12 @@ async def ask(seeds: Sequence[tuple[str, int]], own_id: str, secret_file: str | 
 async def _peer_id(host: str, port: int, timeout: float,
                    ssl_context: ssl.SSLContext | None = None) -> str:
     """The id of the node at host:port (its /v1/health over HTTP(S): a HELLO must name it)."""
+    return str((await _fetch_health(host, port, timeout, ssl_context))["node"])
+
+
+async def _fetch_health(host: str, port: int, timeout: float,
+                        ssl_context: ssl.SSLContext | None) -> dict[str, Any]:
+    """The /v1/health of the node at host:port; ``AdminError`` when none answers."""
     import aiohttp
 
     scheme = "https" if ssl_context is not None else "http"
@@ -90,7 +96,9 @@ async def _peer_id(host: str, port: int, timeout: float,
             health = await resp.json()
     except Exception as exc:  # noqa: BLE001 - said in one line
         raise AdminError(f"no node answers at {host}:{port}: {exc!r}") from exc
-    return str(health["node"])
+    if not isinstance(health, dict) or "node" not in health:
+        raise AdminError(f"{host}:{port} answers /v1/health with no node id")
+    return health
 
 
 async def join(config: NodeConfig, seeds: Sequence[tuple[str, int]], advertise: str,
@@ -189,17 +197,10 @@ async def _views(ms: Membership, node_id: str, me: str, secret_file: str | None,
 async def _health(host: str, port: int, timeout: float,
                   ssl_context: ssl.SSLContext | None) -> dict[str, Any] | None:
     """A node's /v1/health, or None when it does not answer."""
-    import aiohttp
-
-    scheme = "https" if ssl_context is not None else "http"
     try:
-        async with (aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s,
-                    s.get(f"{scheme}://{host}:{port}/v1/health",
-                          ssl=ssl_context if ssl_context is not None else True) as resp):
-            got = await resp.json()
-    except Exception:  # noqa: BLE001 - a member that does not answer is reported as such
+        return await _fetch_health(host, port, timeout, ssl_context)
+    except AdminError:  # a member that does not answer is reported as such
         return None
-    return got if isinstance(got, dict) else None
 
 
 def _speaks_line(health: dict[str, Any] | None) -> tuple[str, int]:
