@@ -300,8 +300,8 @@ def _watch_stalls(beat: list[float], interval: float, path: str, loop_thread: in
 
 def _why(exc: OSError, path: str | None = None) -> str:
     """An OSError as its cause in words, naming the file when it is not ``path`` itself."""
-    if isinstance(exc, FileExistsError) and exc.filename == path:
-        return "exists and is not a directory"
+    if isinstance(exc, FileExistsError | NotADirectoryError) and path and Path(path).is_file():
+        return "exists and is not a directory"  # (the log directory made below it, or it)
     text = os.strerror(exc.errno) if exc.errno else str(exc)
     return f"{text}: {exc.filename}" if exc.filename and exc.filename != path else text
 

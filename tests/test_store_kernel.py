@@ -260,6 +260,28 @@ def test_kernel_and_python_methods_agree(program: list[tuple[Any, ...]]) -> None
     assert tree(c) == tree(r)
 
 
+def test_a_hidden_part_past_the_top_is_refused_by_both() -> None:
+    """A staged copy's hidden part near 2^64 - 1 and a further hidden delta on it: the compiled
+    unhide takes counts as 64-bit words and raised where the Python one went on with a larger
+    integer (found by the program test). ``hide`` refuses it, for both, with nothing changed: a
+    hidden part is part of its pair, which never passes 2^64 - 1."""
+    program = [
+        ("stage_items", [[0, "views", "a48828", "n1@1", 0, 39, 0, 0],
+                         [0, "views", "a", "n1@1", U64 - 1500, 0, 0, 0],
+                         [0, "views", "126670a", "n3@1", U64 - 260, 0, 0, 0]]),
+        ("hide", "views", "126670a", "n3@1", 574),
+        ("hide", "views", "new", "n3@1", U64 + 1),
+        ("unhide_hidden", 20, 0),
+    ]
+    c, r = ShardStore(OWN), Reference(OWN)
+    for step in program:
+        got = outcome(c, step)
+        assert got == outcome(r, step), step
+        assert view(c) == view(r), step
+    assert outcome(c, program[1]) == ("raised", OverflowError)
+    assert ("views", "new") not in c._hidden
+
+
 @pytest.mark.parametrize("key, p, n", [("a", -1, 5), ("a", 3.0, 2), ("a", True, 2),
                                        ("a", 3, U64 + 1), (NUL_KEY, U64 + 1, 0)])
 def test_items_off_the_domain(key: str, p: Any, n: Any) -> None:

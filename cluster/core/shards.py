@@ -67,6 +67,8 @@ from cluster.core.ops import ItemFields
 from cluster.core.pages import MAX_ORIGINS, ORIGIN_BITS, Page
 from cluster.core.store_kernel import KEY_HASH, install
 
+_U64_MAX = (1 << 64) - 1
+
 Wire = dict[str, list[int]]  # one key's entry as READ answers carry it (``CounterEntry.to_wire``)
 _ORIGIN_MASK = MAX_ORIGINS - 1  # a page's ``who``: key number << ORIGIN_BITS | origin number
 
@@ -475,14 +477,16 @@ class ShardStore:
         if by_origin is None:
             by_origin = self._hidden[(table, key)] = {}
         pn = by_origin.get(origin)
+        before = (pn[0], pn[1]) if pn is not None else (0, 0)
+        after = (before[0] + delta, before[1]) if delta >= 0 else (before[0], before[1] - delta)
+        if max(after) > _U64_MAX:  # a hidden part is part of its pair, which never passes it
+            if not by_origin:  # (the compiled unhide takes counts as 64-bit words)
+                del self._hidden[(table, key)]
+            raise OverflowError(f"hidden part of {table}/{key} for {origin} past 2^64 - 1")
         if pn is None:
             pn = by_origin[origin] = [0, 0]
-        before = (pn[0], pn[1])
-        if delta >= 0:
-            pn[0] += delta
-        else:
-            pn[1] -= delta
-        self._rehide(table, key, origin, before, (pn[0], pn[1]))
+        pn[0], pn[1] = after
+        self._rehide(table, key, origin, before, after)
 
     def unhide(self, table: str, key: str, origin: str, delta: int) -> None:
         """``delta`` is published (or compensated): it is part of the visible pair again."""
