@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cluster.core.config import NodeConfig, parse_hostport
+from cluster.core.config import JOIN_WRITE_QUORUM, NodeConfig, parse_hostport
 from cluster.core.errors import ConfigError
 from cluster.core.membership import LEFT, Membership, MembershipError
 from cluster.roles.membership import gone, load_ring
@@ -115,6 +115,16 @@ async def join(config: NodeConfig, seeds: Sequence[tuple[str, int]], advertise: 
     if replaces is None and _has_data(Path(config.data_dir)) and saved is None:
         raise ConfigError(f"data_dir: {config.data_dir} holds another node's data; a joining "
                           f"node starts empty")
+    wanted = config.extra.get(JOIN_WRITE_QUORUM)
+    if wanted:  # before the change is asked: a member admitted must be able to start
+        try:
+            rf = Membership.from_wire(await ask(seeds, config.node_id, config.secret_file,
+                                                {"op": "get"}, ssl_context=peer_ssl(config))).rf
+        except (AdminError, MembershipError) as exc:
+            raise ConfigError(f"join: {exc}") from exc
+        if wanted > rf:
+            raise ConfigError(f"write_quorum: must be between 1 and the cluster's rf={rf}, "
+                              f"got {wanted}")
     item: dict[str, Any] = {"op": "change", "change": "replace" if replaces else "join",
                             "speaks": list(SPEAKS),
                             "id": config.node_id, "addr": advertise}
@@ -134,9 +144,12 @@ def _has_data(data_dir: Path) -> bool:
 
 
 def configured(config: NodeConfig, ms: Membership) -> NodeConfig:
-    """``config`` with the members, rf and vnodes of ``ms``."""
+    """``config`` with the members, rf and vnodes of ``ms``, and the write quorum the joining
+    node was started with (``ConfigError`` when the cluster's rf cannot have it)."""
     peers = tuple((m.id, m.host, m.port) for m in ms.members if m.state != LEFT)
-    return config.replace(peers=peers, rf=ms.rf, vnodes=ms.vnodes, connect_via=())
+    wanted = config.extra.get(JOIN_WRITE_QUORUM, config.write_quorum)
+    return config.replace(peers=peers, rf=ms.rf, vnodes=ms.vnodes, connect_via=(),
+                          write_quorum=wanted)
 
 
 # -- python -m cluster decommission ---------------------------------------------------------

@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from cluster.core.config import NodeConfig, from_mapping, load_file
+from cluster.core.config import JOIN_WRITE_QUORUM, NodeConfig, from_mapping, load_file
 from cluster.core.errors import ConfigError
 
 # CLI flag -> (config field, type, help); every field is also accepted in --config FILE
@@ -131,8 +131,14 @@ def parse(argv: Sequence[str] | None = None
         if str(addr).endswith(":0"):
             raise ConfigError("--join: the node needs a fixed port (--listen HOST:PORT, or "
                               "--advertise HOST:PORT) that the members can dial")
-        # until the cluster's members are known (server.run): this node alone
+        # until the cluster's members are known (server.run): this node alone, and the write
+        # quorum asked for held back (checked against the cluster's rf: admin.configured)
         values["peers"] = f"{values.get('node_id', '')}={addr}"
+        wanted = values.pop("write_quorum", None)
+        config = from_mapping(values)
+        if wanted is not None:
+            config = config.replace(extra={**config.extra, JOIN_WRITE_QUORUM: int(wanted)})
+        return config, args.log_level, args.join, args.replace
     return from_mapping(values), args.log_level, args.join, args.replace
 
 

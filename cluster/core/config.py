@@ -282,6 +282,11 @@ def load_file(path: str) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
+# ``NodeConfig.extra`` key: the write quorum a joining node was started with, applied once it
+# knows the cluster's rf (``cluster.admin.configured``)
+JOIN_WRITE_QUORUM = "join_write_quorum"
+
+
 def from_mapping(values: Mapping[str, Any]) -> NodeConfig:
     """Build a config from plain values (file or CLI): strings are parsed, names are checked."""
     data = dict(values)
