@@ -91,7 +91,8 @@ compose-check: $(STAMP)
 # of `make test`, whose tests/test_upgrade.py is a short form of it.
 UPGRADE_FROM ?= v0.4.0
 UPGRADE_SEEDS ?= 1 2 3
-UPGRADE_ARGS ?= --rate 200 --phase-seconds 6
+UPGRADE_ARGS ?= --rate 200 --phase-seconds 6 \
+	--nemesis lost-ack,duplicate,late-duplicate,delay,drop,reset,partition,peer-messages
 UPGRADE_TREE := .upgrade/$(UPGRADE_FROM)
 UPGRADE_VENV := .upgrade/venv-$(UPGRADE_FROM:v%=%)
 .PHONY: upgrade-check

@@ -48,12 +48,18 @@ from typing import Any
 import aiohttp
 
 from client.chaos.history import History
+from client.chaos.nemesis import Schedule, choose
 from client.chaos.runner import ChaosConfig, _final_reads, latencies
 from client.chaos.topology import Topology
 from client.chaos.workload import Workload, WorkloadConfig
 from client.checker import CounterReport, check
 from cluster.local import NodeCode
 from cluster.wal import read_format, segment_format
+
+# A frame header that does not parse: what a stream shows after a blackholed partition dropped
+# bytes from the middle of it (the connection is then closed and dialed again). Not counted as a
+# refused frame while such a partition may play; counted otherwise (a changed header would be).
+DESYNC = re.compile(r"bad frame header")
 
 # the form a planted frame change sends in (test only, cluster/transport/wire.py)
 PLANT_ENV = "IDC_TEST_FRAME_FORM"
@@ -85,6 +91,7 @@ class UpgradeConfig:
     out_dir: str = "upgrade-out"
     data_dir: str | None = None
     plant: bool = False
+    nemeses: tuple[str, ...] = ()  # network faults played throughout (``WITH_RESTARTS``)
     ready_timeout: float = 60.0
     finalize_timeout: float = 60.0
     quiet_timeout: float = 20.0
@@ -166,6 +173,7 @@ class _Play:
         self.new_has_protocol: bool | None = None  # learned from the first new node's health
         self.finalized = False
         self._log_offsets: dict[str, int] = {}
+        self.drops_bytes = "partition" in cfg.nemeses  # its blackhole mode desyncs streams
         self.refused_lines: dict[str, list[str]] = {}
 
     def code(self, label: str) -> NodeCode:
@@ -217,7 +225,8 @@ class _Play:
             except OSError:
                 continue
             self._log_offsets[node_id] = offset + len(text)
-            hits = [ln for ln in text.decode(errors="replace").splitlines() if REFUSED.search(ln)]
+            hits = [ln for ln in text.decode(errors="replace").splitlines()
+                    if REFUSED.search(ln) and not (self.drops_bytes and DESYNC.search(ln))]
             self.refused_lines.setdefault(node_id, []).extend(hits)
             out[node_id] = len(hits)
         return out
@@ -335,15 +344,24 @@ class _Play:
         if not await has_finalize(self.new):
             return (f"skipped: {self.new.tree or 'this tree'} has no "
                     "`python -m cluster finalize`")
-        status, last = await self.run_finalize(self.cfg.finalize_timeout)
+        deadline = time.monotonic() + self.cfg.finalize_timeout
+        tries = 0
+        while True:  # under network faults a member may look down: asked again, as an
+            tries += 1  # operator would (refused means nothing changed)
+            status, last = await self.run_finalize(self.cfg.finalize_timeout)
+            if status == 0 or not self.cfg.nemeses or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(1.0)
         if status != 0:
             self.fail(f"finalize exited {status}: {last}")
             return f"failed: exit {status}: {last}"
+        asked = f", asked {tries} times" if tries > 1 else ""
         self.finalized = True
         problems = await self._wait_finalized(timeout=15.0)
         for p in problems:
             self.fail(p)
-        return f"ok ({last[:120]})" if not problems else "failed: " + "; ".join(problems)
+        return (f"ok ({last[:120]}{asked})" if not problems
+                else "failed: " + "; ".join(problems))
 
     async def _wait_finalized(self, timeout: float) -> list[str]:
         """Until every node's health says ``protocol.cluster == 2``; what is still wrong then."""
@@ -430,6 +448,12 @@ async def has_finalize(code: NodeCode) -> bool:
     return b"finalize" in out
 
 
+# The nemeses that can play while nodes are restarted on other code: faults of the network
+# (client and peer links through the proxies). Killing, pausing or cutting a node off its
+# clients would fight the play's own restarts.
+WITH_RESTARTS = ("lost-ack", "drop", "duplicate", "late-duplicate", "delay", "reset",
+                 "partition", "peer-messages")
+
 PHASES = ("old", "upgrade", "upgrade", "upgrade", "rollback", "forward", "finalize",
           "finalized", "restart")
 # Snapshots every second: each rotates the log, so segments in the finalized format are
@@ -465,9 +489,21 @@ async def run_upgrade(cfg: UpgradeConfig, echo: Callable[[str], None] = print) -
             history.start = time.monotonic()
             load = asyncio.ensure_future(workload.run())
             play = _Play(cfg, topo, history, load, len(PHASES), echo)
+            faults = None
+            if cfg.nemeses:
+                chosen, skipped = choose(list(cfg.nemeses), topo)
+                if skipped:
+                    raise RuntimeError(f"--nemesis: cannot play {skipped}")
+                schedule = Schedule(chosen, topo, history, random.Random(rng.random()))
+                faults = asyncio.ensure_future(schedule.run(time.monotonic() + bound))
             try:
                 finalized = await _steps(play, rng)
             finally:
+                if faults is not None:
+                    faults.cancel()
+                    await asyncio.gather(faults, return_exceptions=True)
+                    echo(f"nemeses played: {len(schedule.played)} "
+                         f"({', '.join(sorted({p['nemesis'] for p in schedule.played}))})")
                 workload.finish()
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(load, wcfg.total_timeout + 30)
@@ -531,6 +567,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default="upgrade-out", help="directory for history and report")
     ap.add_argument("--data-dir", default=None,
                     help="keep the nodes' data and logs (<id>.log) here (default: deleted)")
+    ap.add_argument("--nemesis", default="",
+                    help="network faults played throughout, one at a time (comma list of "
+                         f"{', '.join(WITH_RESTARTS)}); default none")
     ap.add_argument("--plant", action="store_true",
                     help=f"start the new nodes with {PLANT_ENV}={FINALIZED} (test only: an "
                          "incompatible frame change before finalize); the play must fail")
@@ -551,6 +590,15 @@ def _tree_code(tree: str | None, python: str, label: str) -> NodeCode:
     return NodeCode(python=python, tree=path, label=label)
 
 
+def _nemeses(text: str) -> tuple[str, ...]:
+    names = tuple(n for n in text.split(",") if n and n != "none")
+    wrong = [n for n in names if n not in WITH_RESTARTS]
+    if wrong:
+        raise ValueError(f"--nemesis: {', '.join(wrong)} cannot play beside restarts; choose "
+                         f"from {', '.join(WITH_RESTARTS)}")
+    return names
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -560,7 +608,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError(f"--data-dir {args.data_dir} holds the nodes of an earlier run")
         cfg = UpgradeConfig(old=old, new=new, seed=args.seed, rate=args.rate, keys=args.keys,
                             phase_seconds=args.phase_seconds, min_ack=args.min_ack,
-                            out_dir=args.out, data_dir=args.data_dir, plant=args.plant)
+                            out_dir=args.out, data_dir=args.data_dir, plant=args.plant,
+                            nemeses=_nemeses(args.nemesis))
         res = asyncio.run(run_upgrade(cfg, echo=lambda s: print(s, flush=True)))
     except (ValueError, RuntimeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
