@@ -46,6 +46,13 @@ def newer(what: str, found: int, reads: int = PROTOCOL_MAX) -> FormatError:
         f"idemcount {release()}): run the release that wrote it, or a later one")
 
 
+def writable(version: Any, what: str = "format") -> int:
+    """``version`` when this code can write it (1 to ``PROTOCOL_MAX``), else ``ValueError``."""
+    if type(version) is not int or not 1 <= version <= PROTOCOL_MAX:
+        raise ValueError(f"{what} must be 1 to {PROTOCOL_MAX}, got {version!r}")
+    return version
+
+
 def speaks(value: Any) -> tuple[int, int]:
     """The (lowest, highest) protocol a peer announced: a ``[lo, hi]`` pair, or absent for a
     node of a release before versions were named (it speaks 1 only)."""

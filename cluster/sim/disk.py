@@ -21,7 +21,7 @@ from typing import Any
 import msgpack
 
 from cluster.core.membership import Membership
-from cluster.core.versions import PROTOCOL_MAX
+from cluster.core.versions import writable
 from cluster.roles.checks import consume
 from cluster.wal import LogRecord, decode_segment, encode_columns, encode_records, scan
 from cluster.wal.errors import LogClosedError
@@ -93,9 +93,7 @@ class SimLog:
         """``DurableLog.set_format``: the format of the segments written from now on. The
         simulated disk holds frames, not segment files, so it only records the number (a new
         log starts at 1, as ``DurableLog`` does; the disk keeps the last one set)."""
-        if type(version) is not int or not 1 <= version <= PROTOCOL_MAX:
-            raise ValueError(f"log format must be 1 to {PROTOCOL_MAX}, got {version!r}")
-        self._format = self.disk.format = version
+        self._format = self.disk.format = writable(version, "log format")
 
     @property
     def format(self) -> int:

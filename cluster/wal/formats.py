@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cluster.core.errors import ConfigError
-from cluster.core.versions import PROTOCOL_MAX, newer
+from cluster.core.versions import PROTOCOL_MAX, newer, writable
 from cluster.wal.files import write_durably
 
 __all__ = ["FORMAT_FILE", "read_format", "write_format"]
@@ -53,8 +53,6 @@ def write_format(data_dir: Path, version: int) -> None:
     the number there (at 1, or at or below what the file says, nothing is written). Raises as
     ``read_format`` does for a file already there it cannot read; ``ValueError`` for a version
     this code does not write."""
-    if type(version) is not int or not 1 <= version <= PROTOCOL_MAX:
-        raise ValueError(f"format must be 1 to {PROTOCOL_MAX}, got {version!r}")
-    if version <= read_format(data_dir):
+    if writable(version) <= read_format(data_dir):
         return
     write_durably(Path(data_dir) / FORMAT_FILE, f"{version}\n")

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import msgpack
 
 from cluster.core.errors import ConfigError
-from cluster.core.versions import PROTOCOL_MAX
+from cluster.core.versions import writable
 from cluster.wal.active import ActiveSegment
 from cluster.wal.committer import _STOP, Committer, _call, _Entry, _Rotation
 from cluster.wal.errors import LogClosedError, LogError, LogWriteError
@@ -145,9 +145,7 @@ class DurableLog:
         (a snapshot's, or a full segment's) creates one in the new format. Called before
         ``start``, it also applies to a segment ``start`` creates. Reading never depends on it.
         ``ValueError`` for a version this code cannot write."""
-        if type(version) is not int or not 1 <= version <= PROTOCOL_MAX:
-            raise ValueError(f"log format must be 1 to {PROTOCOL_MAX}, got {version!r}")
-        self._format = version
+        self._format = writable(version, "log format")
         if self._segment is not None:
             self._segment.format = version  # read by the writer thread at its next rotation
 
