@@ -301,9 +301,7 @@ async def test_a_record_of_a_newer_form_is_refused_not_cut(tmp_path: Path) -> No
     await _refused(logdir, r"a record in log segment .*log-00000002\.wal .* is version 3")
     # last in the segment after a torn frame's worth of garbage: still not a torn tail
     seg.write_bytes(seg.read_bytes()[: -len(newer_record)] + b"\x07\0\0\0junk" + newer_record)
-    with pytest.raises(FormatError, match="version 3"):
-        async with DurableLog(logdir):
-            pass
+    await _refused(logdir, "version 3")
 
 
 async def test_a_snapshot_file_of_a_newer_version_is_refused(tmp_path: Path) -> None:
