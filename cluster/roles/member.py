@@ -294,11 +294,12 @@ class Node:
         return self.monotonic() < self._degraded_until
 
     def _peer_changed(self, peer: str, live: bool) -> None:
-        # A peer never heard from yet (still starting), or that said it is recovering, was not
-        # cut off: no reason to check ops. One that stopped leading because its clock is off
-        # may have led our keys until then: as if cut off.
+        # A peer that said it is recovering was not leading: no reason to check ops. One that
+        # stopped leading because its clock is off may have led our keys until then: as if cut
+        # off. So may one never heard from: it may be up and leading, only unreachable from
+        # here (a one-way cut), and a first attempt sent to both would count twice unchecked.
         d = self.detector.peers[peer]
-        silent = not live and d.heard and (d.ready or peer in self.clocks.skewed())
+        silent = not live and (not d.heard or d.ready or peer in self.clocks.skewed())
         if silent or live and peer in self._silent:
             self._degraded_until = self.monotonic() + self.config.window
         if live:
