@@ -28,7 +28,7 @@ from cluster.transport.wire import Kind, Status
 pytestmark = pytest.mark.timeout(90)
 
 
-async def _first_attempts(tmp_path: Path, *, at_once: bool) -> None:
+async def _first_attempts(tmp_path: Path, *, at_once: bool, never_heard: bool = False) -> None:
     key = key_with(("n1", "n2", "n3"))
     client = Client()
     try:
@@ -37,6 +37,9 @@ async def _first_attempts(tmp_path: Path, *, at_once: bool) -> None:
             # n2's calls to n1 vanish (its heartbeats too): n2 takes n1 for dead, while n1 sees
             # everyone live and leads its keys as ever
             c.fault("n2", "n1")
+            if never_heard:  # n2 forgets hearing n1: as if the cut came before the first beat
+                n2.detector.remove("n1")
+                n2.detector.add("n1")
             await sees_down(c, "n2", "n1")
             assert n1.is_live("n2") and n1.is_live("n3")
             first = client.add(c.url("n1"), "t", key, "hedge:1", 7, attempt=1)
@@ -106,3 +109,9 @@ async def test_a_delete_retried_at_another_leader_after_its_ack_removes_nothing_
             await converged(c, client, key, 3, timeout=20.0)
     finally:
         await client.close()
+
+
+async def test_a_first_attempt_at_a_primary_never_heard_from_is_checked(tmp_path: Path) -> None:
+    """The replica never heard from the primary (a one-way cut before the first heartbeat): a
+    peer never heard from may be up and leading, so its keys' leads here are checked too."""
+    await _first_attempts(tmp_path, at_once=False, never_heard=True)
