@@ -32,6 +32,7 @@ from cluster.core.metrics import NodeMetrics
 from cluster.core.ops import ITEM_OP_ID, ItemFields, Op
 from cluster.roles.admission import SAFE_ENTRY, Admission
 from cluster.roles.antientropy import Hints
+from cluster.roles.batch_kernel import new_items
 from cluster.roles.batching import TickBatcher
 from cluster.roles.quorum import quorum_future
 from cluster.roles.state import NodeState
@@ -216,39 +217,23 @@ class Leader:
         ``Item``, which names its fields)."""
         me, now = self.state.shards.own, self.clock()
         dups = self.state.seen_or_add_ops(ops)
-        targets_of, everyone = self.targets_of, self._everyone_else
+        applied, groups, dup_at = new_items(ops, dups, me, now, self.targets_of)
+        statuses = [_APPLIED] * len(ops)
         inflight, pending = self._inflight, self.state.pending
-        statuses: list[int] = []
-        applied: list[list[Any]] = []
-        groups: dict[tuple[str, ...], list[ItemFields]] = {}
         dup_waits: list[tuple[int, asyncio.Future[bool]]] = []
         confirms: list[tuple[int, tuple[str, str, str]]] = []
+        for i in dup_at:
+            table, key, op_id, _delta, _attempt = ops[i]
+            wait = inflight.get(op_id)
+            if wait is None and op_id in pending:  # in doubt here: settle it first
+                wait = asyncio.ensure_future(self._settle_one(pending[op_id]))
+            if wait is not None:
+                dup_waits.append((i, wait))
+            elif self._confirm is not None:  # ran elsewhere, or published: is it visible?
+                confirms.append((i, (table, key, op_id)))
+            statuses[i] = _DUPLICATE
         collected = self.state.collected
-        floors: list[list[Any]] = []
-        for (table, key, op_id, delta, _attempt), dup in zip(ops, dups, strict=True):
-            if dup:
-                wait = inflight.get(op_id)
-                if wait is None and op_id in pending:  # in doubt here: settle it first
-                    wait = asyncio.ensure_future(self._settle_one(pending[op_id]))
-                if wait is not None:
-                    dup_waits.append((len(statuses), wait))
-                elif self._confirm is not None:  # ran elsewhere, or published: is it visible?
-                    confirms.append((len(statuses), (table, key, op_id)))
-                statuses.append(_DUPLICATE)
-                continue
-            statuses.append(_APPLIED)
-            targets = everyone if everyone is not None else targets_of(table, key)
-            item = [op_id, table, key, me, 0, 0, delta, now]  # an Item's fields; P, N below
-            applied.append(item)
-            group = groups.get(targets)
-            if group is None:
-                group = groups[targets] = []
-            if collected and table in collected:
-                floor = self._restart(table, key, op_id, collected[table], now)
-                if floor is not None:
-                    group.append(floor)  # before the op's item: replicas learn it first
-                    floors.append(floor)
-            group.append(item)
+        floors = self._floors(applied, groups, collected, now) if collected and applied else []
         self.metrics.duplicates += len(ops) - len(applied)
         if confirms and self._confirm is not None:
             confirmed = asyncio.ensure_future(self._confirm([c for _i, c in confirms]))
@@ -269,6 +254,24 @@ class Leader:
         own = self.log.append_columns_nowait(
             *record_fields(APPLY, op_ids, tables, keys, me, ps, ns, deltas, now))
         return statuses, own, groups, dup_waits
+
+    def _floors(self, applied: list[list[Any]], groups: dict[tuple[str, ...], list[ItemFields]],
+                collected: dict[str, int], now: float) -> list[list[Any]]:
+        """The floors of the new items' keys in tables this node collected keys of
+        (``_restart``), each put in its group just before the first item of its key: replicas
+        learn the floor first. The floors, in order."""
+        floor_before: dict[int, list[Any]] = {}
+        for item in applied:
+            table, key = item[1], item[2]
+            if table in collected:
+                floor = self._restart(table, key, item[0], collected[table], now)
+                if floor is not None:
+                    floor_before[id(item)] = floor
+        if floor_before:
+            for targets, group in groups.items():
+                groups[targets] = [x for item in group for x in (
+                    (floor_before[id(item)], item) if id(item) in floor_before else (item,))]
+        return list(floor_before.values())
 
     def _restart(self, table: str, key: str, op_id: str, high: int, now: float
                  ) -> list[Any] | None:

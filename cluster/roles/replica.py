@@ -19,8 +19,9 @@ from typing import Any
 
 from cluster.core.entry import is_real
 from cluster.core.metrics import NodeMetrics
-from cluster.core.ops import ITEM_OP_ID, ITEM_TS, Item, ItemFields
+from cluster.core.ops import ITEM_OP_ID, Item, ItemFields
 from cluster.core.shards import CounterEntry
+from cluster.roles.batch_kernel import oldest_ts
 from cluster.roles.batching import TickBatcher
 from cluster.roles.state import NodeState
 from cluster.wal import DurableLog, LogRecord, RecordKind, record_fields
@@ -150,7 +151,7 @@ class Replica:
             return False
         windows = [d.window for d in self.state.dedups.values() if d.window > 0]
         shortest = min(windows, default=self.state.config.window)
-        oldest = min(item[ITEM_TS] for item in items)
+        oldest = oldest_ts(items)
         return oldest < self.clock() - shortest + self.state.config.max_clock_skew
 
     def _fenced(self, items: list[ItemFields]) -> list[bool] | None:

@@ -29,6 +29,7 @@ from cluster.core.ops import (
 )
 from cluster.core.shards import ShardStore
 from cluster.core.tables import TableSettings, settings_map
+from cluster.roles.batch_kernel import encoded_ids, hold_items, needs_touch, release_ids
 
 SNAPSHOT_VERSION = 1
 MAX_STAGED = 1_000_000  # staged copies remembered by op id (their pairs stay hidden anyway)
@@ -100,6 +101,10 @@ class NodeState:
         ``merge_pair``'s sight) is told to the store's due index (``ShardStore.noted_last``):
         the tombstone comes due ``tombstone_grace`` after it."""
         ttl = self.ttl_tables
+        if not isinstance(items, list):
+            items = list(items)
+        if not needs_touch(items, ttl, LAST):
+            return
         shards = self.shards
         merge, noted = shards.merge_pair, shards.noted_last
         for item in items:
@@ -134,16 +139,11 @@ class NodeState:
 
     def hold_many(self, items: Iterable[ItemFields], *, hidden: bool = False) -> None:
         """``hold`` of each item, in order (a leader's batch)."""
-        pending, by_key, hide = self.pending, self._by_key, self.shards.hide
-        for item in items:
-            op_id, table, key, origin, _p, _n, delta, _ts = item
-            pending[op_id] = item
-            k = (table, key, origin)
-            ids = by_key.get(k)
-            if ids is None:
-                ids = by_key[k] = {}
-            ids[op_id] = None
-            if not hidden:
+        items = items if isinstance(items, list) else list(items)
+        hold_items(self.pending, self._by_key, items)
+        if not hidden:
+            hide = self.shards.hide
+            for _op_id, table, key, origin, _p, _n, delta, _ts in items:
                 hide(table, key, origin, delta)
 
     def release(self, op_id: str) -> ItemFields | None:
@@ -154,19 +154,8 @@ class NodeState:
     def release_many(self, op_ids: Iterable[str]) -> list[ItemFields]:
         """``release`` of each op (published or withdrawn together); the items of those that
         were unpublished, in order. Their deltas are made visible in one store call."""
-        pending, by_key = self.pending, self._by_key
-        out: list[ItemFields] = []
-        for op_id in op_ids:
-            item = pending.pop(op_id, None)
-            if item is None:
-                continue
-            k = (item[ITEM_TABLE], item[ITEM_KEY], item[ITEM_ORIGIN])
-            ids = by_key.get(k)
-            if ids is not None:
-                ids.pop(op_id, None)
-                if not ids:
-                    del by_key[k]
-            out.append(item)
+        out: list[ItemFields] = release_ids(self.pending, self._by_key,
+                                            op_ids if isinstance(op_ids, list) else list(op_ids))
         self.shards.unhide_items(out)
         return out
 
@@ -276,15 +265,17 @@ class NodeState:
         if len(items) == 1:
             item = items[0]
             return [self.dedup(item[table_at]).seen_or_add(item[id_at].encode())]
-        tables = {item[table_at] for item in items}
-        if len(tables) == 1:
-            return _many(self.dedup(tables.pop()), [item[id_at].encode() for item in items])
+        if not items:
+            return []
+        ids, table = encoded_ids(items, table_at, id_at)
+        if table is not None:  # one table, one call
+            return _many(self.dedup(table), ids)
         out = [False] * len(items)
         by_table: dict[str, list[int]] = {}
         for i, item in enumerate(items):
             by_table.setdefault(item[table_at], []).append(i)
         for table, idx in by_table.items():
-            flags = _many(self.dedup(table), [items[i][id_at].encode() for i in idx])
+            flags = _many(self.dedup(table), [ids[i] for i in idx])
             for i, flag in zip(idx, flags, strict=True):
                 out[i] = flag
         return out

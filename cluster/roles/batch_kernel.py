@@ -1,0 +1,175 @@
+"""The per-op loops of a batch on the write path, and the choice of their compiled twins.
+
+A batch of ops crosses a node as lists (``cluster.core.ops``): the edge checks each op, the
+leader makes each new one an item and holds it until its quorum answers, then releases it; a
+replica encodes each op id for its dedup. These loops are the functions below, the reference;
+``cluster/roles/_batch.pyx`` compiles the same functions (``pip install`` builds it where a C
+compiler is; ``setup.py``), and ``tests/test_batch_kernel.py`` runs both on the same programs.
+The module-level names are the compiled ones when the module is built, it gives the reference's
+answers on a sample here, and ``IDC_BATCH_KERNEL`` is not ``0``; ``KERNEL`` says which run
+(``"c"`` or ``"python"``), ``REASON`` why not C, ``PYTHON`` holds the reference by name.
+
+Pure: plain containers in, plain containers out; the callers own their meaning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from cluster.core.compiled import optional
+from idc_contract import INT64_MAX, INT64_MIN
+
+ENV = "IDC_BATCH_KERNEL"
+
+Targets = Callable[[str, str], tuple[str, ...]]
+
+
+def fast_checked(ops: Sequence[Any], known: set[str], max_op_id_bytes: int
+                 ) -> list[tuple[Any, ...] | None]:
+    """Per op of a ``/v1/batch`` body, its checked form ``(table, key, op_id, delta, 1, 0)``
+    when it has the common shape (an object of exactly table, key, op_id and delta; names
+    already checked, in ``known``; a printable ASCII op id of 1 to ``max_op_id_bytes``; a
+    signed 64-bit delta), else None: the full check (``cluster.edge.validate``) judges it."""
+    out: list[tuple[Any, ...] | None] = []
+    for op in ops:
+        if type(op) is dict and len(op) == 4:
+            table, key, op_id, delta = op.get("table"), op.get("key"), op.get("op_id"), op.get(
+                "delta")
+            if (type(table) is str and table in known and type(key) is str and key in known
+                    and type(op_id) is str and op_id.isascii() and op_id.isprintable()
+                    and 0 < len(op_id) <= max_op_id_bytes
+                    and type(delta) is int and INT64_MIN <= delta <= INT64_MAX):
+                out.append((table, key, op_id, delta, 1, 0))
+                continue
+        out.append(None)
+    return out
+
+
+def new_items(ops: Sequence[Sequence[Any]], dups: Sequence[bool], me: str, now: float,
+              targets_of: Targets) -> tuple[list[list[Any]], dict[tuple[str, ...], list[Any]],
+                                            list[int]]:
+    """A leader's batch after its dedup check: an item (``cluster.core.ops.Item``'s fields as a
+    list, P and N still 0) for each new op, grouped by the replicas it goes to; and the indices
+    of the duplicates, for the caller to answer."""
+    applied: list[list[Any]] = []
+    groups: dict[tuple[str, ...], list[Any]] = {}
+    dup_at: list[int] = []
+    for i, op in enumerate(ops):
+        if dups[i]:
+            dup_at.append(i)
+            continue
+        table, key, op_id, delta, _attempt = op
+        item = [op_id, table, key, me, 0, 0, delta, now]
+        applied.append(item)
+        targets = targets_of(table, key)
+        group = groups.get(targets)
+        if group is None:
+            groups[targets] = [item]
+        else:
+            group.append(item)
+    return applied, groups, dup_at
+
+
+def hold_items(pending: dict[str, Any], by_key: dict[tuple[str, str, str], dict[str, None]],
+               items: Sequence[Sequence[Any]]) -> None:
+    """Each item unpublished: ``pending[op_id]`` is it, and its id joins its (table, key,
+    origin)'s ids in ``by_key``, in order (``cluster.roles.state.NodeState``)."""
+    for item in items:
+        op_id = item[0]
+        pending[op_id] = item
+        k = (item[1], item[2], item[3])
+        ids = by_key.get(k)
+        if ids is None:
+            by_key[k] = {op_id: None}
+        else:
+            ids[op_id] = None
+
+
+def release_ids(pending: dict[str, Any], by_key: dict[tuple[str, str, str], dict[str, None]],
+                op_ids: Sequence[str]) -> list[Any]:
+    """``hold_items`` undone for these ids: the items of those that were held, in order."""
+    out: list[Any] = []
+    for op_id in op_ids:
+        item = pending.pop(op_id, None)
+        if item is None:
+            continue
+        k = (item[1], item[2], item[3])
+        ids = by_key.get(k)
+        if ids is not None:
+            ids.pop(op_id, None)
+            if not ids:
+                del by_key[k]
+        out.append(item)
+    return out
+
+
+def encoded_ids(items: Sequence[Sequence[Any]], table_at: int, id_at: int
+                ) -> tuple[list[bytes], str | None]:
+    """Each item's op id (field ``id_at``) UTF-8 encoded, for its table's dedup; and the one
+    table (field ``table_at``) of them all, None when there are several (or no item)."""
+    ids: list[bytes] = []
+    table: str | None = None
+    several = False
+    for item in items:
+        ids.append(item[id_at].encode())
+        t = item[table_at]
+        if table is None:
+            table = t
+        elif not several and t != table:
+            several = True
+    return ids, None if several else table
+
+
+def needs_touch(items: Sequence[Sequence[Any]], ttl: frozenset[str], last: str) -> bool:
+    """Does some item change a key's last change: its origin is ``last`` (a delete's LAST
+    item), or its table has a ttl (``NodeState.touch``)."""
+    return any(item[3] == last or item[1] in ttl for item in items)
+
+
+def oldest_ts(items: Sequence[Sequence[Any]]) -> float:
+    """The smallest ``ts`` (an item's last field) of a non-empty batch."""
+    it = iter(items)
+    oldest = next(it)[7]
+    for item in it:
+        ts = item[7]
+        if ts < oldest:
+            oldest = ts
+    return float(oldest)
+
+
+NAMES = ("fast_checked", "new_items", "hold_items", "release_ids", "encoded_ids",
+         "needs_touch", "oldest_ts")
+PYTHON: dict[str, Any] = {name: globals()[name] for name in NAMES}
+
+
+def _agrees(mod: Any) -> str:
+    """Why the compiled module may not stand in for the reference, "" when it may."""
+    if any(not hasattr(mod, name) for name in NAMES):
+        return "it was built from an older source (a name is missing)"
+    ops = [{"table": "t", "key": "k", "op_id": "a:1", "delta": -3},
+           {"table": "t", "key": "k", "op_id": "a\x7f", "delta": 1},
+           {"table": "t", "key": "k", "op_id": "a:2", "delta": 2**63}]
+    if mod.fast_checked(ops, {"t", "k"}, 8) != fast_checked(ops, {"t", "k"}, 8):
+        return "its op check differs from the reference"
+    return ""
+
+
+def _load() -> tuple[Any, str]:
+    mod, why = optional("cluster.roles._batch", ENV)
+    if mod is None:
+        return None, why
+    why = _agrees(mod)
+    return (None, why) if why else (mod, "")
+
+
+_MODULE, REASON = _load()
+KERNEL = "c" if _MODULE is not None else "python"
+if _MODULE is not None:
+    fast_checked = _MODULE.fast_checked  # noqa: F811
+    new_items = _MODULE.new_items  # noqa: F811
+    hold_items = _MODULE.hold_items  # noqa: F811
+    release_ids = _MODULE.release_ids  # noqa: F811
+    encoded_ids = _MODULE.encoded_ids  # noqa: F811
+    needs_touch = _MODULE.needs_touch  # noqa: F811
+    oldest_ts = _MODULE.oldest_ts  # noqa: F811
