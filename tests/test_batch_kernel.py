@@ -101,6 +101,25 @@ def test_new_items_agree(ops: list[tuple[Any, ...]], data: Any) -> None:
 
 
 @settings(max_examples=300, deadline=None)
+@given(ops=ops_st)
+def test_routing_groups_agree(ops: list[tuple[Any, ...]]) -> None:
+    """Ops grouped by leader alike, the leader asked once per preference list."""
+    asked: list[list[tuple[str, str]]] = [[], []]
+
+    def leader_of(side: int) -> Any:
+        def of(table: str, key: str, is_live: Any) -> str | None:
+            asked[side].append((table, key))
+            return None if key == "c" and is_live("x") else _targets(table, key)[0]
+        return of
+
+    got = C.by_leader(ops, _targets, leader_of(0), lambda n: True)
+    want = PY["by_leader"](ops, _targets, leader_of(1), lambda n: True)
+    assert list(got.items()) == list(want.items())
+    assert asked[0] == asked[1]
+    assert len(asked[0]) == len({_targets(t, k) for t, k, *_rest in ops})
+
+
+@settings(max_examples=300, deadline=None)
 @given(program=st.lists(st.one_of(
     st.tuples(st.just("hold"), st.lists(st.tuples(
         st.sampled_from([f"op{i}" for i in range(10)]), st.sampled_from(("t", "u")),

@@ -70,6 +70,28 @@ def new_items(ops, dups, str me, now, targets_of):
     return applied, groups, dup_at
 
 
+def by_leader(ops, prefs_of, leader_of, is_live):
+    cdef dict groups = {}, leaders = {}
+    cdef Py_ssize_t i = 0
+    cdef PyObject *got
+    for op in ops:
+        table, key = op[0], op[1]
+        prefs = prefs_of(table, key)
+        got = PyDict_GetItem(leaders, prefs)
+        if got is NULL:
+            leader = leader_of(table, key, is_live)
+            leaders[prefs] = leader
+        else:
+            leader = <object>got
+        got = PyDict_GetItem(groups, leader)
+        if got is NULL:
+            groups[leader] = [i]
+        else:
+            (<list>got).append(i)
+        i += 1
+    return groups
+
+
 def hold_items(dict pending, dict by_key, items):
     cdef PyObject *got
     for item in items:

@@ -22,6 +22,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from cluster.core.ops import Op
@@ -37,6 +38,7 @@ log = logging.getLogger("cluster.admission")
 
 _DUPLICATE, _UNAVAILABLE = int(Status.DUPLICATE), int(Status.UNAVAILABLE)
 _OVERFLOW = int(Status.OVERFLOW)
+_DELTA, _ATTEMPT = itemgetter(3), itemgetter(4)  # an ``Op``'s fields, for C-level passes
 # Below this, an entry plus a batch's deltas (their absolute sum also below it) cannot pass
 # U64_MAX, so the common case skips the op-by-op overflow check.
 SAFE_ENTRY = 1 << 62
@@ -64,6 +66,19 @@ def needs_check(op: Op, degraded: bool,
     return attempt > 1 or degraded or (suspected is not None and suspected(table, op_id))
 
 
+def any_needs_check(ops: Sequence[Op], degraded: bool,
+                    suspected: Callable[[str, str], bool] | None = None) -> bool:
+    """``needs_check`` of some op of the batch; without ``suspected``, one pass in C over the
+    attempts (no Python call an op)."""
+    if not ops:
+        return False
+    if degraded:
+        return True
+    if suspected is None:
+        return max(map(_ATTEMPT, ops)) > 1
+    return any(needs_check(op, degraded, suspected) for op in ops)
+
+
 class Admission:
     """The leader's admission step (claims, leases, overflow) over a batch."""
 
@@ -87,7 +102,7 @@ class Admission:
             refused = self._claimed(ops, None)
         else:
             refused = {}
-        if self.near_limit or sum(abs(delta) for _t, _k, _id, delta, _a in ops) >= SAFE_ENTRY:
+        if self.near_limit or sum(map(abs, map(_DELTA, ops))) >= SAFE_ENTRY:
             refused.update(self._overflowing(ops, refused))
         return refused
 

@@ -71,6 +71,29 @@ def new_items(ops: Sequence[Sequence[Any]], dups: Sequence[bool], me: str, now: 
     return applied, groups, dup_at
 
 
+def by_leader(ops: Sequence[Sequence[Any]], prefs_of: Callable[[str, str], tuple[str, ...]],
+              leader_of: Callable[[str, str, Any], str | None], is_live: Any
+              ) -> dict[str | None, list[int]]:
+    """The indices of the ops (``table, key, ...`` each) by their key's leader, in order of
+    first appearance. Keys with one preference list have one leader: ``leader_of(table, key,
+    is_live)`` is asked once a call for each list, not once an op."""
+    groups: dict[str | None, list[int]] = {}
+    leaders: dict[tuple[str, ...], str | None] = {}
+    for i, op in enumerate(ops):
+        table, key = op[0], op[1]
+        prefs = prefs_of(table, key)
+        if prefs in leaders:
+            leader = leaders[prefs]
+        else:
+            leader = leaders[prefs] = leader_of(table, key, is_live)
+        idx = groups.get(leader)
+        if idx is None:
+            groups[leader] = [i]
+        else:
+            idx.append(i)
+    return groups
+
+
 def hold_items(pending: dict[str, Any], by_key: dict[tuple[str, str, str], dict[str, None]],
                items: Sequence[Sequence[Any]]) -> None:
     """Each item unpublished: ``pending[op_id]`` is it, and its id joins its (table, key,
@@ -138,7 +161,7 @@ def oldest_ts(items: Sequence[Sequence[Any]]) -> float:
     return float(oldest)
 
 
-NAMES = ("fast_checked", "new_items", "hold_items", "release_ids", "encoded_ids",
+NAMES = ("fast_checked", "new_items", "by_leader", "hold_items", "release_ids", "encoded_ids",
          "needs_touch", "oldest_ts")
 PYTHON: dict[str, Any] = {name: globals()[name] for name in NAMES}
 
@@ -168,6 +191,7 @@ KERNEL = "c" if _MODULE is not None else "python"
 if _MODULE is not None:
     fast_checked = _MODULE.fast_checked  # noqa: F811
     new_items = _MODULE.new_items  # noqa: F811
+    by_leader = _MODULE.by_leader  # noqa: F811
     hold_items = _MODULE.hold_items  # noqa: F811
     release_ids = _MODULE.release_ids  # noqa: F811
     encoded_ids = _MODULE.encoded_ids  # noqa: F811

@@ -26,6 +26,7 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
+from operator import itemgetter
 from typing import Any, Protocol
 
 from cluster.core.ops import ITEM_ORIGIN, ItemFields, Op
@@ -67,6 +68,7 @@ Lead = Callable[[list[Op], list[float]], Awaitable[list[int]]]
 
 log = logging.getLogger("cluster.checks")
 
+_TABLE = itemgetter(0)  # an ``Op``'s table
 _APPLIED, _DUPLICATE, _UNAVAILABLE, _EXPIRED = (int(Status.APPLIED), int(Status.DUPLICATE),
                                                 int(Status.UNAVAILABLE), int(Status.EXPIRED))
 # HOLDS answers: in the dedup; applied there and not yet on a quorum (its quorum failed);
@@ -259,6 +261,12 @@ def birth_limits(node: Node, ops: Sequence[Op], births: Sequence[float]) -> list
     unpublished op on its key, behind a check, in a paused node) would be applied as new."""
     offset = node.monotonic() - node.clock() - node.config.max_clock_skew
     window_of = node.state.window
+    tables = set(map(_TABLE, ops))
+    if len(tables) == 1:  # the common batch: one window, no lookup an op
+        one = window_of(tables.pop())
+        if one <= 0:
+            return [math.inf] * len(ops)
+        return [born + one + offset for born in births]
     windows: dict[str, float] = {}
     out: list[float] = []
     for (table, _key, _op_id, _delta, _attempt), born in zip(ops, births, strict=True):

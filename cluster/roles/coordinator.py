@@ -25,6 +25,7 @@ from cluster.core.errors import PeerError, Unavailable
 from cluster.core.membership import Placement
 from cluster.core.metrics import NodeMetrics
 from cluster.core.ops import Op
+from cluster.roles.batch_kernel import by_leader
 from cluster.transport.peer import PeerLink
 from cluster.transport.wire import Kind, Status
 
@@ -105,23 +106,9 @@ class Coordinator:
             if leader == me:
                 return await lead(ops, births)
             return await self._forward(leader, list(ops), births, lead, kind)
-        groups: dict[str | None, list[int]] = {}
-        prefs_of, leader_of = self.ring.preference_list, self.ring.leader
-        is_live = self._is_live()
         # keys with one preference list have one leader: asked once a call for each of the
         # few lists, not once an op (``is_live`` is a call per member it tries)
-        leaders: dict[tuple[str, ...], str | None] = {}
-        for i, (table, key, _op_id, _delta, _attempt) in enumerate(ops):
-            prefs = prefs_of(table, key)
-            if prefs in leaders:
-                leader = leaders[prefs]
-            else:
-                leader = leaders[prefs] = leader_of(table, key, is_live)
-            idx = groups.get(leader)
-            if idx is None:
-                groups[leader] = [i]
-            else:
-                idx.append(i)
+        groups = by_leader(ops, self.ring.preference_list, self.ring.leader, self._is_live())
         out = [_UNAVAILABLE] * len(ops)
         waits = []
         for leader, idx in groups.items():

@@ -202,7 +202,7 @@ class Leader:
                 self._settle_failures(ops, statuses, {
                     item[ITEM_OP_ID] for items, ok in zip(groups.values(), results, strict=True)
                     if not ok for item in items})
-            self.metrics.applied += sum(1 for s in statuses if s == _APPLIED)
+            self.metrics.applied += statuses.count(_APPLIED)
         for i, fut in dup_waits:  # shielded: another op's quorum wait, or its settling
             if not await asyncio.shield(fut):
                 statuses[i] = _UNAVAILABLE

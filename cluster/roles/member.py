@@ -31,7 +31,7 @@ from cluster.core.ring import RING_HASH
 from cluster.core.shards import CounterEntry
 from cluster.core.versions import release
 from cluster.roles import antientropy, checks, deletes, membership, protocol, scans, settle
-from cluster.roles.admission import needs_check, stale_after_ms
+from cluster.roles.admission import any_needs_check, stale_after_ms
 from cluster.roles.antientropy import Hints
 from cluster.roles.claims import Claims
 from cluster.roles.coordinator import Coordinator, unstamped
@@ -516,7 +516,7 @@ class Node:
                       ) -> asyncio.Future[list[int]]:
         degraded = self.recently_degraded()
         suspected = self.state.suspected if self.state.pulled else None
-        if any(needs_check(op, degraded, suspected) for op in ops):
+        if any_needs_check(ops, degraded, suspected):
             return asyncio.ensure_future(checks.lead_checked(self, list(ops), births))
         return self.leader.submit(
             ops, None if births is None else checks.birth_limits(self, ops, births))
@@ -543,7 +543,7 @@ class Node:
         lead = functools.partial(deletes.lead_deletes, self)
         degraded = self.recently_degraded()
         suspected = self.state.suspected if self.state.pulled else None
-        if any(needs_check(op, degraded, suspected) for op in ops):
+        if any_needs_check(ops, degraded, suspected):
             return asyncio.ensure_future(checks.lead_checked(self, list(ops), births, lead))
         return asyncio.ensure_future(
             lead(ops, None if births is None else checks.birth_limits(self, ops, births)))
