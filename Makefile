@@ -85,10 +85,11 @@ deploy/k8s/cluster_secret:
 compose-check: $(STAMP)
 	$(BIN)/python compose/check.py
 
-# A rolling upgrade from the last release, under load (client/chaos/upgrade.py, docs/chaos.md):
+# A rolling upgrade from a release, under load (client/chaos/upgrade.py, docs/chaos.md):
 # the release's tree (git archive) and a venv of its own (its kernels compiled) in .upgrade/,
-# built once and reused, then the play on each of UPGRADE_SEEDS; each must print VALID. Not part
-# of `make test`, whose tests/test_upgrade.py is a short form of it.
+# built once per release and reused, then the play on each of UPGRADE_SEEDS; each must print
+# VALID. UPGRADE_FROM is any release tag: v0.4.0 (the default) or v0.5.0; the play learns what
+# each side speaks. Not part of `make test`, whose tests/test_upgrade.py is a short form of it.
 UPGRADE_FROM ?= v0.4.0
 UPGRADE_SEEDS ?= 1 2 3
 UPGRADE_ARGS ?= --rate 200 --phase-seconds 6 \

@@ -1,28 +1,38 @@
 """``python -m client.chaos.upgrade``: a rolling upgrade from a previous release, under load.
 
+Any release can be the OLD code: what each side speaks is learned, not assumed. The NEW
+code's range and release are its own ``cluster.core.versions`` (``PROTOCOL_MIN`` to
+``PROTOCOL_MAX``, ``release()``, read by a process of that code); the OLD code's are what its
+nodes' ``/v1/health`` say at the start: no ``protocol`` key is release 0.4.0 or before, speaking
+1 only; otherwise ``protocol.speaks`` and ``release`` (checked against the old code's own
+``cluster.core.versions``). The TARGET of finalize is the new code's ``PROTOCOL_MAX``.
+
 Three nodes start on the OLD code (another source tree, ``--old-tree``, run under this venv's
 python or ``--old-python``) and clients write throughout, through the chaos driver's proxies.
 Then, a phase each, with ``--phase-seconds`` of load after each step: every node is replaced by
 the NEW code (this tree, or ``--new-tree``) on its own data directory and port (SIGTERM, start,
 wait until ready); one node is rolled back to the OLD code (finalize, tried then, must be
-refused: exit 1) and forward again; the cluster is finalized (``python -m cluster finalize``
-must exit 0, then every node's ``/v1/health`` say cluster protocol 2); the load runs on; one
-node is restarted on the NEW code, reading back the log segments written in protocol 2 (nodes
+refused: exit 1; not tried, said so, when the old code speaks the target too, as it would then
+be allowed) and forward again; the cluster is finalized (``python -m cluster finalize`` must exit
+0, then every node's ``/v1/health`` say cluster protocol TARGET); the load runs on; one node is
+restarted on the NEW code, reading back the log segments written in protocol TARGET (nodes
 snapshot every second, and each snapshot starts a segment). Healed and quiet, every replica
 is read and the history judged by the chaos checker.
 
 VALID needs all of: the checker's verdict (no acknowledged op lost, none counted twice, every
 read in bounds, the replicas equal); each phase acknowledged at least ``--min-ack`` of the adds
 issued in it; no node's log shows a peer frame refused as undecodable or of a form it does not
-speak; each node's ``/v1/health`` answers as the code it was started on (an OLD node has no
-``protocol`` key; a NEW one says cluster protocol 1 until finalize); finalize exited 0; after
-it, every node's ``FORMAT`` file says 2 and it holds a log segment with a format-2 header.
-``--plant`` starts the NEW nodes with ``IDC_TEST_FRAME_FORM=2`` (test only: every peer frame
-in form 2 before any finalize, an incompatible frame change planted): the play must fail.
+speak; each node's ``/v1/health`` answers as the code it was started on (its release and range,
+or no ``protocol`` key for 0.4.0; cluster protocol 1 until finalize, TARGET after it); finalize
+exited 0; after it, every node's ``FORMAT`` file says TARGET and it holds a log segment with a
+format-TARGET header. ``--plant`` starts the NEW nodes with ``IDC_TEST_FRAME_FORM=TARGET`` (test
+only: every peer frame in form TARGET before any finalize, an incompatible frame change
+planted): the play must fail. It is refused (exit 2) when the old code speaks TARGET too, as
+the planted frames would then be read fine and prove nothing.
 
     python -m client.chaos.upgrade --old-tree .upgrade/v0.4.0 --seed 1
-    python -m client.chaos.upgrade --old-tree .upgrade/v0.4.0 \\
-        --old-python .upgrade/venv-0.4.0/bin/python --rate 300 --phase-seconds 8
+    python -m client.chaos.upgrade --old-tree .upgrade/v0.5.0 \\
+        --old-python .upgrade/venv-0.5.0/bin/python --rate 300 --phase-seconds 8
     python -m client.chaos.upgrade --old-tree .upgrade/v0.4.0 --plant     # must fail
 
 Exit status: 0 VALID, 1 a failure (each said in a line starting ``FAIL:``), 2 the play could not
@@ -38,6 +48,7 @@ import json
 import os
 import random
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -53,6 +64,7 @@ from client.chaos.runner import ChaosConfig, _final_reads, latencies
 from client.chaos.topology import Topology
 from client.chaos.workload import Workload, WorkloadConfig
 from client.checker import CounterReport, check
+from cluster.core import versions
 from cluster.local import NodeCode
 from cluster.wal import read_format, segment_format
 
@@ -63,7 +75,8 @@ DESYNC = re.compile(r"bad frame header")
 
 # the form a planted frame change sends in (test only, cluster/transport/wire.py)
 PLANT_ENV = "IDC_TEST_FRAME_FORM"
-FINALIZED = 2  # the protocol every node must report after finalize (cluster/core/versions.py)
+# what release 0.4.0 and those before it are called: their /v1/health has no protocol key
+UNNAMED = "0.4.0 or before"
 
 # A node's log line that says it refused a peer's frame for its encoding: release 0.4.0 closes
 # the connection ("peer traffic refused", reason bad_frame, "undecodable frame: ..."); this
@@ -74,12 +87,82 @@ REFUSED = re.compile(r"undecodable|\"reason\": \"(bad_frame|version)\"|peer fram
                      r"|newer than this node reads")
 
 
+@dataclass(frozen=True, slots=True)
+class Speaks:
+    """What a code speaks and says it is: protocols ``lo`` to ``hi`` and its ``release``;
+    ``keyed``: its ``/v1/health`` has a ``protocol`` key (False: release 0.4.0 or before)."""
+
+    lo: int
+    hi: int
+    release: str | None
+    keyed: bool = True
+
+    def words(self) -> str:
+        if not self.keyed:
+            return f"release {UNNAMED}, speaks protocol 1, no \"protocol\" in /v1/health"
+        return f"release {self.release or '?'}, speaks protocol {self.lo} to {self.hi}"
+
+    def answers_as(self, other: Speaks) -> bool:
+        """The same range and key; the same release where both name one."""
+        return ((self.lo, self.hi, self.keyed) == (other.lo, other.hi, other.keyed)
+                and (self.release is None or other.release is None
+                     or self.release == other.release))
+
+
+OLDEST = Speaks(1, 1, UNNAMED, keyed=False)
+
+
+def answered(health: dict[str, Any]) -> Speaks:
+    """What a node's ``/v1/health`` says it speaks: no ``protocol`` key is release 0.4.0 or
+    before (protocol 1 only); otherwise ``protocol.speaks`` and ``release``. ``ValueError``
+    when the key is there but not understood."""
+    proto = health.get("protocol")
+    if proto is None:
+        return OLDEST
+    if not isinstance(proto, dict):
+        raise ValueError(f"\"protocol\": {proto!r} is not an object")
+    lo, hi = versions.speaks(proto.get("speaks"))
+    rel = health.get("release")
+    return Speaks(lo, hi, rel if isinstance(rel, str) else None)
+
+
+# A process of the code itself says what it speaks: its cluster.core.versions (absent before
+# 0.5.0: the oldest answer). Run with the code's python, tree and environment, as its nodes are.
+PROBE = """import json
+try:
+    from cluster.core import versions as v
+except ImportError:
+    print(json.dumps(None))
+else:
+    print(json.dumps([v.PROTOCOL_MIN, v.PROTOCOL_MAX, v.release()]))
+"""
+
+
+def probe(code: NodeCode) -> Speaks:
+    """What ``code`` speaks, from its own ``cluster.core.versions``; ``RuntimeError`` when its
+    python cannot say."""
+    out = subprocess.run([code.python, "-c", PROBE], cwd=code.cwd, env=code.environ(),
+                         capture_output=True, text=True, timeout=60)
+    try:
+        got = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else ""
+    except (ValueError, IndexError):
+        got = ""
+    if got is None:
+        return OLDEST
+    if (not isinstance(got, list) or len(got) != 3
+            or not all(type(v) is int for v in got[:2]) or not isinstance(got[2], str)):
+        raise RuntimeError(f"{code.label}: {code.python} cannot say what its cluster speaks: "
+                           f"{(out.stderr.strip() or out.stdout.strip())[-300:]}")
+    lo, hi = versions.speaks(got[:2])
+    return Speaks(lo, hi, got[2])
+
+
 @dataclass(frozen=True, kw_only=True)
 class UpgradeConfig:
     """old/new: the two codes; phase_seconds: load after each step; min_ack: the fraction of
-    the adds completed in a phase it must acknowledge; plant: ``IDC_TEST_FRAME_FORM=2`` on the
-    new nodes; data_dir: keep the nodes' data and logs there (default: a temporary directory,
-    deleted)."""
+    the adds completed in a phase it must acknowledge; plant: ``IDC_TEST_FRAME_FORM`` (the new
+    code's highest protocol) on the new nodes; data_dir: keep the nodes' data and logs there
+    (default: a temporary directory, deleted)."""
 
     old: NodeCode
     new: NodeCode
@@ -144,6 +227,9 @@ class UpgradeResult:
     duration_s: float
     history_path: str
     latency_ms: dict[str, float] = field(default_factory=dict)
+    old_speaks: str = ""  # what each code answered as (Speaks.words)
+    new_speaks: str = ""
+    target: int = 0  # the protocol finalize was to reach (the new code's highest)
 
     @property
     def valid(self) -> bool:
@@ -161,16 +247,20 @@ class _Play:
     """The steps of one play, with the bookkeeping each phase reports."""
 
     def __init__(self, cfg: UpgradeConfig, topo: Topology, history: History,
-                 load: asyncio.Future[None], total: int, echo: Callable[[str], None]) -> None:
+                 load: asyncio.Future[None], total: int, echo: Callable[[str], None],
+                 old: Speaks, new: Speaks) -> None:
         self.cfg, self.topo, self.history = cfg, topo, history
         self.load, self.total, self.echo = load, total, echo
         self.codes = {n: "old" for n in topo.ids}
         self.phases: list[Phase] = []
         self.failures: list[str] = []
+        # what each code answers as: the old one's as its code says until its nodes' health
+        # was read (learn_old), the new one's as its code says
+        self.speaks = {"old": old, "new": new}
+        self.target = new.hi  # what finalize is to reach
         self.new = (NodeCode(python=cfg.new.python, tree=cfg.new.tree, label="new",
-                             env={**cfg.new.env, PLANT_ENV: str(FINALIZED)})
+                             env={**cfg.new.env, PLANT_ENV: str(self.target)})
                     if cfg.plant else cfg.new)
-        self.new_has_protocol: bool | None = None  # learned from the first new node's health
         self.finalized = False
         self._log_offsets: dict[str, int] = {}
         self.drops_bytes = "partition" in cfg.nemeses  # its blackhole mode desyncs streams
@@ -239,12 +329,12 @@ class _Play:
             directory = self.topo.node(node_id).data_dir
             written = read_format(directory)
             segments = sorted((directory / "log").glob("*.wal"))
-            headed = sum(1 for seg in segments if segment_format(seg) == FINALIZED)
-            if written != FINALIZED or not headed:
+            headed = sum(1 for seg in segments if segment_format(seg) == self.target)
+            if written != self.target or not headed:
                 self.fail(f"{node_id}: FORMAT {written}, {headed} of {len(segments)} log "
-                          f"segments in format {FINALIZED} after finalize")
+                          f"segments in format {self.target} after finalize")
             found.append(f"{node_id} {headed}/{len(segments)}")
-        return f"segments in format {FINALIZED}: {', '.join(found)}"
+        return f"segments in format {self.target}: {', '.join(found)}"
 
     def restart_step(self, node_id: str, label: str) -> Callable[[], Awaitable[str]]:
         return lambda: self.restart(node_id, label)
@@ -263,29 +353,61 @@ class _Play:
         await self.check_codes()
         return f"{node_id} restarted on {label} in {time.monotonic() - t0:.1f} s"
 
+    async def learn_old(self) -> None:
+        """At the start, every node on the old code: what their ``/v1/health`` says is what
+        the old code answers as from then on. They must agree, and agree with what the old
+        code's own ``cluster.core.versions`` says."""
+        said: dict[str, Speaks] = {}
+        for node_id, health in (await self.healths()).items():
+            if health is None:
+                self.fail(f"{node_id} (old) did not answer /v1/health")
+                continue
+            try:
+                said[node_id] = answered(health)
+            except ValueError as exc:
+                self.fail(f"{node_id} (old) /v1/health: {exc}")
+        answers = set(said.values())
+        if len(answers) > 1:
+            self.fail("the old nodes' /v1/health disagree: " + "; ".join(
+                f"{n} {s.words()}" for n, s in sorted(said.items())))
+        elif answers:
+            (learned,) = answers
+            if not learned.answers_as(self.speaks["old"]):
+                self.fail(f"the old nodes' /v1/health say {learned.words()}, but the old "
+                          f"code's cluster.core.versions says {self.speaks['old'].words()}")
+            self.speaks["old"] = learned
+        old, new = self.speaks["old"], self.speaks["new"]
+        self.echo(f"old code answers as {old.words()}; new code as {new.words()}; "
+                  f"finalize to protocol {self.target}")
+        if old.answers_as(new):
+            self.echo("  (the two codes answer /v1/health alike: only their imports, checked "
+                      "at the start, tell them apart)")
+
     async def check_codes(self) -> None:
-        """Every node's ``/v1/health`` as the code it runs: no ``protocol`` key on the old one;
-        on the new one, the key on every node or on none (this tree before it had one)."""
+        """Every node's ``/v1/health`` as the code it runs (its range and release, or no
+        ``protocol`` key for 0.4.0), at cluster protocol 1 before finalize, the target
+        after it."""
+        want_cluster = self.target if self.finalized else 1
         for node_id, health in (await self.healths()).items():
             label = self.codes[node_id]
             if health is None:
                 self.fail(f"{node_id} ({label}) did not answer /v1/health")
                 continue
-            has = "protocol" in health
-            if label == "old" and has:
-                self.fail(f"{node_id} was started on the old code but its /v1/health has "
-                          f"\"protocol\": {health['protocol']!r} (the new code runs there)")
-            elif label == "new":
-                if self.new_has_protocol is None:
-                    self.new_has_protocol = has
-                elif has != self.new_has_protocol:
-                    self.fail(f"{node_id} (new) /v1/health {'has' if has else 'lacks'} "
-                              "\"protocol\", unlike the other new nodes")
-                proto = health.get("protocol")
-                if (isinstance(proto, dict) and not self.finalized
-                        and proto.get("cluster") != 1):
-                    self.fail(f"{node_id} (new) says cluster protocol {proto.get('cluster')!r} "
-                              "before any finalize, not 1")
+            want = self.speaks[label]
+            try:
+                said = answered(health)
+            except ValueError as exc:
+                self.fail(f"{node_id} ({label}) /v1/health: {exc}")
+                continue
+            if not said.answers_as(want):
+                self.fail(f"{node_id} was started on the {label} code ({want.words()}) but its "
+                          f"/v1/health says {said.words()}")
+                continue
+            proto = health.get("protocol")
+            if isinstance(proto, dict) and proto.get("cluster") != want_cluster:
+                when = "after finalize" if self.finalized else "before any finalize"
+                self.fail(f"{node_id} ({label}) says cluster protocol "
+                          f"{proto.get('cluster')!r} {when}, not {want_cluster}")
 
     async def healths(self) -> dict[str, dict[str, Any] | None]:
         async def one(s: aiohttp.ClientSession, url: str) -> dict[str, Any] | None:
@@ -327,9 +449,14 @@ class _Play:
 
     async def refused_finalize(self, old_node: str) -> str:
         """While ``old_node`` runs the old code, finalize must be refused (exit 1; given 5 s,
-        as it may wait that long for members to install what it finalized)."""
+        as it may wait that long for members to install what it finalized). Not tried when
+        the old code speaks the target too: finalize would then be allowed (said so)."""
         if not await has_finalize(self.new):
             return ""
+        old = self.speaks["old"]
+        if old.hi >= self.target:
+            return (f"finalize not tried: the old code speaks protocol {self.target} too "
+                    f"({old.words()}), so it would be allowed; no refusal expected")
         t0 = time.monotonic()
         status, last = await self.run_finalize(timeout=5.0)
         if status != 1:
@@ -340,7 +467,7 @@ class _Play:
 
     async def finalize(self) -> str:
         """Finalize on the new code: exit 0, then every node's health says cluster protocol
-        2. Skipped (said so) when the new code has no such command."""
+        ``target``. Skipped (said so) when the new code has no such command."""
         if not await has_finalize(self.new):
             return (f"skipped: {self.new.tree or 'this tree'} has no "
                     "`python -m cluster finalize`")
@@ -364,7 +491,8 @@ class _Play:
                 else "failed: " + "; ".join(problems))
 
     async def _wait_finalized(self, timeout: float) -> list[str]:
-        """Until every node's health says ``protocol.cluster == 2``; what is still wrong then."""
+        """Until every node's health says ``protocol.cluster == target``; what is still wrong
+        then."""
         deadline = time.monotonic() + timeout
         while True:
             problems = []
@@ -372,9 +500,10 @@ class _Play:
                 proto = (h or {}).get("protocol")
                 if not isinstance(proto, dict):
                     problems.append(f"{node_id}: /v1/health has no protocol after finalize")
-                elif proto.get("cluster") != FINALIZED:
+                elif proto.get("cluster") != self.target:
                     problems.append(f"{node_id}: /v1/health says cluster protocol "
-                                    f"{proto.get('cluster')!r} after finalize, not {FINALIZED}")
+                                    f"{proto.get('cluster')!r} after finalize, not "
+                                    f"{self.target}")
             if not problems or time.monotonic() > deadline:
                 return problems
             await asyncio.sleep(0.2)
@@ -383,6 +512,7 @@ class _Play:
 async def _steps(play: _Play, rng: random.Random) -> str:
     """The phases, in order; what finalize came to."""
     ids = play.topo.ids
+    await play.learn_old()
     await play.check_codes()
     await play.phase("old")
     for node_id in rng.sample(ids, len(ids)):
@@ -467,12 +597,18 @@ async def run_upgrade(cfg: UpgradeConfig, echo: Callable[[str], None] = print) -
     old_file, new_file = cfg.old.check(), cfg.new.check()
     if old_file == new_file:
         raise RuntimeError(f"the old and the new code both import {old_file}")
+    old_speaks, new_speaks = probe(cfg.old), probe(cfg.new)
+    target = new_speaks.hi
     if cfg.plant and not plants(cfg.new):
         raise RuntimeError(f"--plant: the new code ({new_file.parent}) never reads {PLANT_ENV}, "
                            "so nothing would be planted")
+    if cfg.plant and old_speaks.hi >= target:
+        raise RuntimeError(f"--plant: the old code ({old_speaks.words()}) speaks protocol "
+                           f"{target} already, so frames of form {target} planted on the new "
+                           "nodes would be read fine and prove nothing")
     echo(f"old code: {cfg.old.python} imports cluster from {old_file.parent}")
     echo(f"new code: {cfg.new.python} imports cluster from {new_file.parent}"
-         + (f" (planted: {PLANT_ENV}={FINALIZED} before finalize)" if cfg.plant else ""))
+         + (f" (planted: {PLANT_ENV}={target} before finalize)" if cfg.plant else ""))
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     history = History(out / "history.jsonl")
@@ -488,7 +624,7 @@ async def run_upgrade(cfg: UpgradeConfig, echo: Callable[[str], None] = print) -
             workload = Workload(wcfg, topo.client_urls, history, seed=rng.randrange(1 << 30))
             history.start = time.monotonic()
             load = asyncio.ensure_future(workload.run())
-            play = _Play(cfg, topo, history, load, len(PHASES), echo)
+            play = _Play(cfg, topo, history, load, len(PHASES), echo, old_speaks, new_speaks)
             faults = None
             if cfg.nemeses:
                 chosen, skipped = choose(list(cfg.nemeses), topo)
@@ -531,7 +667,9 @@ async def run_upgrade(cfg: UpgradeConfig, echo: Callable[[str], None] = print) -
         report=report, phases=play.phases, failures=failures, finalize=finalized,
         old_imports=str(old_file.parent), new_imports=str(new_file.parent), healthy=healthy,
         converged_after_s=converged, duration_s=round(time.monotonic() - started, 2),
-        history_path=str(out / "history.jsonl"), latency_ms=latencies(history.events))
+        history_path=str(out / "history.jsonl"), latency_ms=latencies(history.events),
+        old_speaks=play.speaks["old"].words(), new_speaks=play.speaks["new"].words(),
+        target=play.target)
     (out / "report.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))
     return result
 
@@ -551,7 +689,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m client.chaos.upgrade", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--old-tree", required=True, help="source tree of the release to upgrade "
-                    "from (e.g. `git archive v0.4.0` unpacked)")
+                    "from (e.g. `git archive v0.4.0` or `git archive v0.5.0` unpacked)")
     ap.add_argument("--old-python", default=sys.executable,
                     help="python of the old code (default: this one, with PYTHONPATH=OLD_TREE)")
     ap.add_argument("--new-tree", default=None,
@@ -571,8 +709,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="network faults played throughout, one at a time (comma list of "
                          f"{', '.join(WITH_RESTARTS)}); default none")
     ap.add_argument("--plant", action="store_true",
-                    help=f"start the new nodes with {PLANT_ENV}={FINALIZED} (test only: an "
-                         "incompatible frame change before finalize); the play must fail")
+                    help=f"start the new nodes with {PLANT_ENV}=<the new code's highest "
+                         "protocol> (test only: an incompatible frame change before finalize); "
+                         "the play must fail; refused when the old code speaks that protocol")
     return ap
 
 
