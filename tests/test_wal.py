@@ -822,6 +822,24 @@ async def test_a_large_columnar_append_is_split_under_the_frame_limit(tmp_path: 
     assert (await reopen(tmp_path))[1] == big
 
 
+def test_a_large_columnar_append_is_cut_before_it_is_encoded() -> None:
+    """Columns estimated past the frame limit are cut first: no payload is encoded too big and
+    then again in halves (the leader's turns of many batches made every log append twice)."""
+    big = [LogRecord(1, f"c{i:012d}:op", "t", f"k{i}", 1, "n", i, 0, 0.0) for i in range(6000)]
+    packer = msgpack.Packer()
+    sizes: list[int] = []
+
+    def pack(obj: object) -> bytes:
+        out = packer.pack(obj)
+        sizes.append(len(out))
+        return out
+
+    buf = wal._encode_columns(columns(big), pack)
+    assert len(sizes) > 1 and max(sizes) <= wal.MAX_RECORD_BYTES
+    assert sum(sizes) < len(buf) + 16 * len(sizes)  # each record encoded once
+    assert wal._scan(buf) == len(buf)
+
+
 async def test_torn_columnar_frame_drops_the_whole_append(tmp_path: Path) -> None:
     async with DurableLog(tmp_path, fsync=False) as log:
         await log.append(recs(3))

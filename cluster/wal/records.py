@@ -140,6 +140,7 @@ def encode_records(records: Sequence[LogRecord], pack: Callable[[Any], bytes]) -
 _COLUMNAR = 2
 _COLUMN_TYPES = (list, tuple)
 _DELTA, _P, _N = 4, 6, 7
+_SPLIT_AT = MAX_RECORD_BYTES * 3 // 4  # columns estimated past this are cut before encoding
 _COLUMNAR_MIN = 3  # fewer records are written as v1 frames, cheaper to encode at that size
 
 
@@ -184,7 +185,24 @@ def encode_columns(columns: Sequence[Any], pack: Callable[[Any], bytes]) -> byte
     return _pack_columns(columns, count, pack)
 
 
+def _estimate(columns: Sequence[Any], count: int) -> int:
+    """About the bytes of the columns' payload, from their strings' lengths (names and op ids
+    are ASCII at the edge) and 5 bytes a number, without encoding anything."""
+    size = 0
+    for col in columns:
+        if isinstance(col, _COLUMN_TYPES):
+            size += sum(map(len, col)) + count if col and type(col[0]) is str else 5 * count
+    return size
+
+
 def _pack_columns(columns: Sequence[Any], count: int, pack: Callable[[Any], bytes]) -> bytes:
+    parts = -(-_estimate(columns, count) // _SPLIT_AT) if count > 1 else 1
+    if parts > 1:  # cut before encoding: a frame found too big would be encoded again in halves
+        step = -(-count // parts)
+        return b"".join(
+            _pack_columns([c[i:i + step] if isinstance(c, _COLUMN_TYPES) else c
+                           for c in columns], min(step, count - i), pack)
+            for i in range(0, count, step))
     payload = pack([_COLUMNAR, *columns])
     if len(payload) <= MAX_RECORD_BYTES:
         return _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
