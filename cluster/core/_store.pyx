@@ -237,7 +237,7 @@ cdef class _Store:
     cdef str last_table
     cdef object group
     cdef list sums
-    cdef dict below1
+    cdef array.array below1
 
     def __cinit__(self, store):
         self.store = store
@@ -345,15 +345,9 @@ cdef inline uint64_t _less(uint64_t a, uint64_t b) noexcept nogil:
     return a - b if a > b else 0
 
 
-cdef inline int _level_add(dict level, long node, uint64_t delta) except -1:
-    """``_Group.add`` at one level kept as a dict (node id -> sum, nonzero only)."""
-    got = level.get(node)
-    cdef uint64_t s = (<uint64_t>got if got is not None else 0) + delta
-    if s:
-        level[node] = s
-    elif got is not None:
-        del level[node]  # empty (or keys summing to 0 mod 2**64: read as 0 anyway)
-    return 0
+cdef inline void _level_add(array.array level, long node, uint64_t delta) noexcept:
+    """``_Group.add`` at one level (an ``array('Q')`` of its sums by node id)."""
+    (<uint64_t *>level.data.as_ulonglongs)[node] += delta
 
 
 cdef int _counts(fp, fn, uint64_t *p, uint64_t *n) except -1:

@@ -22,6 +22,7 @@ exact for any ring. Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator
 from typing import Protocol
 
@@ -70,9 +71,11 @@ def entry_hash(key: str, pairs: Iterable[tuple[str, tuple[int, int]]]) -> int:
 
 class _Group:
     """One table's keys of one replica group: the bucket sums, the sums of the levels between
-    the buckets and the leaves (``below[i - 1]``: node id at level i -> sum, nonzero only; a
-    node's children are found by id, ``child % parent level == parent``), and how many keys are
-    indexed. A leaf's sum is not kept: it is read from the owner's page of that leaf
+    the buckets and the leaves (``below[i - 1]``: an ``array('Q')`` of level i's sums by node
+    id; a node's children are found by id, ``child % parent level == parent``), and how many
+    keys are indexed. An array, not a dict of the nonzero sums: a write adds to it in place
+    (the compiled store with no Python int made), and a full one is 32 KB, not ~300.
+    A leaf's sum is not kept: it is read from the owner's page of that leaf
     (``Index``), which holds the leaf's keys and their hashes, when anti-entropy asks for it;
     that spares every write a dict of up to ``LEAVES`` sums per group (~5 MB when full)."""
 
@@ -80,7 +83,7 @@ class _Group:
 
     def __init__(self) -> None:
         self.sums = [0] * BUCKETS
-        self.below: list[dict[int, int]] = [{} for _ in LEVELS[1:-1]]
+        self.below: list[array[int]] = [array("Q", bytes(8 * mod)) for mod in LEVELS[1:-1]]
         self.size = 0
 
     def add(self, pos: int, delta: int) -> None:
@@ -89,11 +92,7 @@ class _Group:
         self.sums[b] = (self.sums[b] + delta) & MASK
         for sums, mod in zip(self.below, LEVELS[1:-1]):  # noqa: B905 - same length by build
             node = pos % mod
-            s = (sums.get(node, 0) + delta) & MASK
-            if s:
-                sums[node] = s
-            else:  # empty (or, 2**-64 likely, keys summing to 0: read as 0 anyway)
-                sums.pop(node, None)
+            sums[node] = (sums[node] + delta) & MASK
 
 
 class Index(Protocol):
@@ -173,7 +172,7 @@ class Digests:
             sums = g.below[level - 1]
             for parent in parents:
                 for child in range(parent, mod, step):
-                    s = sums.get(child)
+                    s = sums[child]
                     if s:
                         out[child] = (out.get(child, 0) + s) & MASK
         return {child: s for child, s in out.items() if s}
