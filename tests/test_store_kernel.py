@@ -293,3 +293,13 @@ def test_items_off_the_domain(key: str, p: Any, n: Any) -> None:
     step = ("merge_items", [[0, "likes", key, "n2@1", p, n, 0, 0]])
     assert outcome(c, step) == outcome(r, step) == ("raised", ValueError)
     assert view(c) == view(r) == view(Reference(OWN))
+
+
+def test_the_kernel_reads_a_page_s_fields_where_python_keeps_them() -> None:
+    """The compiled store reads ``Page``'s slots by their offsets (no ``getattr`` a key): the
+    check ``store_kernel`` makes before it uses the kernel holds on this Python, and a page
+    whose fields changed since (a key added, an entry inserted) reads back the same objects."""
+    assert KERNEL._fields_agree()
+    store = ShardStore(OWN)
+    store.merge_items([["op", "likes", "a", "n2@1", 3, 1, 2, 0.0]])
+    assert store.pair("likes", "a", "n2@1") == (3, 1)

@@ -25,6 +25,10 @@ from cluster.core.pages import MAX_ORIGINS, ORIGIN_BITS, Page
 
 cdef extern from "Python.h":
     const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
+    ctypedef struct PyMemberDef:
+        Py_ssize_t offset
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef *d_member
 
 cdef extern from "_murmur3.h" nogil:
     void idc_murmur3_x64_128(const void *key, size_t len, uint32_t seed,
@@ -39,6 +43,35 @@ if LEVELS != (BUCKETS, 4096, 65536) or ORIGIN_BITS != 16 or MAX_ORIGINS != 1 << 
 
 cdef uint32_t _SEED = SEED
 cdef long _LEAVES = LEAVES
+
+
+# -- a page's fields (``cluster.core.pages.Page``, a class with ``__slots__``) -----------------
+# Read where each instance keeps them (the slot's member descriptor says), not through
+# ``getattr``: a lookup in the class's dict and a descriptor call each, four a located key.
+
+cdef Py_ssize_t _slot_offset(str name) except -1:
+    descr = Page.__dict__[name]
+    if type(descr).__name__ != "member_descriptor":
+        raise ImportError(f"Page.{name} is not a slot")
+    return (<PyMemberDescrObject *><PyObject *>descr).d_member.offset
+
+
+cdef Py_ssize_t _KEYS = _slot_offset("keys"), _WHO = _slot_offset("who")
+cdef Py_ssize_t _PN = _slot_offset("pn"), _HASHES = _slot_offset("hashes")
+
+
+cdef inline object _field(object page, Py_ssize_t offset):
+    """``page``'s slot at ``offset`` (a new reference; every slot is set by ``Page()``)."""
+    return <object>(<PyObject **>((<char *><PyObject *>page) + offset))[0]
+
+
+def _fields_agree():
+    """The slots read by offset are the attributes (``store_kernel``'s check at import)."""
+    page = Page()
+    page.add(b"k")
+    page.insert(0, 0, 1)
+    return (_field(page, _KEYS) is page.keys and _field(page, _WHO) is page.who
+            and _field(page, _PN) is page.pn and _field(page, _HASHES) is page.hashes)
 
 
 # -- hashes (``cluster.core.digests.key_hash`` and ``pair_hash``) ------------------------------
@@ -263,19 +296,19 @@ cdef class _Store:
             page = pages[leaf] = Page()
         cdef Py_ssize_t nk
         cdef const char *k = PyUnicode_AsUTF8AndSize(key, &nk)
-        cdef Py_ssize_t r = _find(page.keys, k, nk)
+        cdef Py_ssize_t r = _find(_field(page, _KEYS), k, nk)
         if r < 0:
             if not create:
                 return 0
             r = page.add(key.encode())
             self.store.keys += 1
-        cdef Py_ssize_t j = _slot(page.who, (<uint64_t>r << 16) | <uint64_t>o)
+        cdef Py_ssize_t j = _slot(_field(page, _WHO), (<uint64_t>r << 16) | <uint64_t>o)
         if j < 0:
             if not create:
                 return 0
             j = ~j
             page.insert(j, r, o)
-        cdef array.array pn = page.pn
+        cdef array.array pn = _field(page, _PN)
         at.page, at.pn, at.j, at.r, at.leaf = <PyObject *>page, <uint64_t *>pn.data.as_ulonglongs, j, r, leaf
         return 1
 
@@ -307,7 +340,7 @@ cdef class _Store:
         cdef Py_ssize_t nk, no
         cdef const char *k = PyUnicode_AsUTF8AndSize(key, &nk)
         cdef const char *o = PyUnicode_AsUTF8AndSize(origin, &no)
-        cdef array.array hashes = (<object>at.page).hashes
+        cdef array.array hashes = _field(<object>at.page, _HASHES)
         cdef uint64_t *h = <uint64_t *>hashes.data.as_ulonglongs
         cdef uint64_t old = h[at.r]
         cdef uint64_t new = (old + _pair_hash(k, nk, o, no, p1, n1)

@@ -30,6 +30,8 @@ def _load() -> tuple[Any, str]:
     mod, why = optional("cluster.core._store", ENV)
     if mod is None:
         return None, why
+    if hasattr(mod, "_fields_agree") and not mod._fields_agree():
+        return None, "it reads a page's fields where this Python does not keep them"
     names = ("", "k", "likes/post-7", "ü-€-𝄞", "x" * 31, "x" * 32, "x" * 255, "x" * 256,
              "x" * 600)
     counts = (0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**64 - 1)
