@@ -112,8 +112,9 @@ def test_routing_groups_agree(ops: list[tuple[Any, ...]]) -> None:
             return None if key == "c" and is_live("x") else _targets(table, key)[0]
         return of
 
-    got = C.by_leader(ops, _targets, leader_of(0), lambda n: True)
-    want = PY["by_leader"](ops, _targets, leader_of(1), lambda n: True)
+    cached = {("t", "a"): ("n2",), ("u", "b"): ()}  # an empty list is no list: asked again
+    got = C.by_leader(ops, cached, _targets, leader_of(0), lambda n: True)
+    want = PY["by_leader"](ops, cached, _targets, leader_of(1), lambda n: True)
     assert list(got.items()) == list(want.items())
     assert asked[0] == asked[1]
     assert len(asked[0]) == len({_targets(t, k) for t, k, *_rest in ops})

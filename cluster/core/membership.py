@@ -260,7 +260,8 @@ class Placement:
     gaining it. Every process with the same membership computes the same placement."""
 
     __slots__ = ("membership", "version", "old", "new", "moving", "members", "vnodes", "rf",
-                 "replicates_everywhere", "preference_list", "leader", "_unions", "_other")
+                 "replicates_everywhere", "preference_list", "leader", "cached_prefs", "_unions",
+                 "_other")
 
     def __init__(self, ms: Membership) -> None:
         self.membership = ms
@@ -276,6 +277,10 @@ class Placement:
         self.replicates_everywhere = serving.replicates_everywhere and not self.moving
         self.preference_list = serving.preference_list
         self.leader = serving.leader
+        # the serving ring's cache of preference lists by (table, key), read in place by the
+        # compiled routing (``batch_kernel.by_leader``): an entry there is what
+        # ``preference_list`` answers, without a Python call an op
+        self.cached_prefs = serving._cache
         self._unions: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[str, ...]] = {}
 
     def write_set(self, table: str, key: str) -> tuple[str, ...]:

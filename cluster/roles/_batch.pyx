@@ -70,13 +70,14 @@ def new_items(ops, dups, str me, now, targets_of):
     return applied, groups, dup_at
 
 
-def by_leader(ops, prefs_of, leader_of, is_live):
+def by_leader(ops, dict cached, prefs_of, leader_of, is_live):
     cdef dict groups = {}, leaders = {}
     cdef Py_ssize_t i = 0
     cdef PyObject *got
     for op in ops:
         table, key = op[0], op[1]
-        prefs = prefs_of(table, key)
+        got = PyDict_GetItem(cached, (table, key))
+        prefs = <object>got if got is not NULL and <object>got else prefs_of(table, key)
         got = PyDict_GetItem(leaders, prefs)
         if got is NULL:
             leader = leader_of(table, key, is_live)

@@ -71,17 +71,19 @@ def new_items(ops: Sequence[Sequence[Any]], dups: Sequence[bool], me: str, now: 
     return applied, groups, dup_at
 
 
-def by_leader(ops: Sequence[Sequence[Any]], prefs_of: Callable[[str, str], tuple[str, ...]],
+def by_leader(ops: Sequence[Sequence[Any]], cached: dict[tuple[str, str], tuple[str, ...]],
+              prefs_of: Callable[[str, str], tuple[str, ...]],
               leader_of: Callable[[str, str, Any], str | None], is_live: Any
               ) -> dict[str | None, list[int]]:
     """The indices of the ops (``table, key, ...`` each) by their key's leader, in order of
-    first appearance. Keys with one preference list have one leader: ``leader_of(table, key,
-    is_live)`` is asked once a call for each list, not once an op."""
+    first appearance. A key's preference list is read from ``cached`` (the ring's cache, by
+    (table, key)), else from ``prefs_of``. Keys with one preference list have one leader:
+    ``leader_of(table, key, is_live)`` is asked once a call for each list, not once an op."""
     groups: dict[str | None, list[int]] = {}
     leaders: dict[tuple[str, ...], str | None] = {}
     for i, op in enumerate(ops):
         table, key = op[0], op[1]
-        prefs = prefs_of(table, key)
+        prefs = cached.get((table, key)) or prefs_of(table, key)
         if prefs in leaders:
             leader = leaders[prefs]
         else:

@@ -108,7 +108,9 @@ class Coordinator:
             return await self._forward(leader, list(ops), births, lead, kind)
         # keys with one preference list have one leader: asked once a call for each of the
         # few lists, not once an op (``is_live`` is a call per member it tries)
-        groups = by_leader(ops, self.ring.preference_list, self.ring.leader, self._is_live())
+        ring = self.ring
+        groups = by_leader(ops, ring.cached_prefs, ring.preference_list, ring.leader,
+                           self._is_live())
         out = [_UNAVAILABLE] * len(ops)
         waits = []
         for leader, idx in groups.items():
