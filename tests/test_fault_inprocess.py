@@ -24,7 +24,7 @@ from cluster.core.errors import PeerError
 from cluster.core.ring import Ring
 from cluster.local import free_ports
 from cluster.roles import checks
-from cluster.roles.failure import PhiDetector
+from cluster.roles.failure import FailureDetector, PhiDetector
 from cluster.server import NodeServer
 from cluster.transport.wire import Kind, Status
 
@@ -730,3 +730,25 @@ def test_phi_detector_mean_is_that_of_the_last_window_of_intervals(
     expected = max(sum(last) / len(last), floor) if last else floor
     assert d.mean() == pytest.approx(expected)
     assert d.phi(now + 2 * expected) == pytest.approx(2 * d.phi(now + expected))
+
+
+@given(st.lists(st.tuples(st.floats(min_value=0.0, max_value=3.0), st.booleans()), max_size=60),
+       st.floats(min_value=-1.0, max_value=30.0), st.floats(min_value=0.5, max_value=12.0),
+       st.floats(min_value=0.1, max_value=20.0))
+def test_is_live_is_the_phi_and_timeout_test(beats: list[tuple[float, bool]], after: float,
+                                             threshold: float, timeout: float) -> None:
+    """``FailureDetector.is_live`` answers from the time folded at each heartbeat
+    (``live_until``) what ready, ``now - last < timeout`` and ``phi(now) < threshold`` say, at
+    any time after any heartbeats (outside a rounding's width of the boundary)."""
+    clock = [0.0]
+    det = FailureDetector(["p"], interval=0.5, threshold=threshold, timeout=timeout,
+                          clock=lambda: clock[0])
+    for gap, ready in beats:
+        clock[0] += gap
+        det.heartbeat("p", ready)
+    clock[0] += after
+    d, now = det.peers["p"], clock[0]
+    want = d.ready and now - d.last < timeout and d.phi(now) < threshold
+    if abs(now - d.live_until) > 1e-9:
+        assert det.is_live("p") == want
+    assert det.is_live("self")  # not a peer: this node

@@ -49,7 +49,7 @@ _LOG10_E = math.log10(math.e)
 class PhiDetector:
     """Arrival history of one peer's heartbeats; ``phi(now)`` says how suspicious silence is."""
 
-    __slots__ = ("floor", "last", "intervals", "ready", "heard", "_mean")
+    __slots__ = ("floor", "last", "intervals", "ready", "heard", "_mean", "live_until")
 
     def __init__(self, now: float, floor: float, window: int = 100) -> None:
         self.floor = floor
@@ -58,6 +58,7 @@ class PhiDetector:
         self.ready = True
         self.heard = False
         self._mean = floor
+        self.live_until = math.inf  # ``FailureDetector`` sets it (``silent_after``)
 
     def heartbeat(self, now: float, ready: bool = True) -> None:
         if self.heard:
@@ -74,6 +75,12 @@ class PhiDetector:
     def phi(self, now: float) -> float:
         return max(0.0, now - self.last) / self.mean() * _LOG10_E
 
+    def silent_after(self, timeout: float, threshold: float) -> float:
+        """When this peer stops being live without another heartbeat: silence reaches
+        ``timeout``, or phi reaches ``threshold`` (``phi < threshold`` while ``now - last <
+        threshold * mean / log10(e)``), whichever comes first."""
+        return self.last + min(timeout, threshold * self.mean() / _LOG10_E)
+
 
 class FailureDetector:
     """One ``PhiDetector`` per peer plus the thresholds; ``is_live`` is the node's predicate."""
@@ -86,14 +93,21 @@ class FailureDetector:
         now = clock()
         # The floor keeps a burst of fast heartbeats from making one slow one look fatal.
         self._floor = max(interval, timeout / threshold / _LOG10_E)
-        self.peers = {p: PhiDetector(now, floor=self._floor) for p in peers}
+        self.peers: dict[str, PhiDetector] = {}
         self.on_change: Callable[[str, bool], None] | None = None
         self._live = dict.fromkeys(peers, True)
+        for p in peers:
+            self.peers[p] = self._fresh(now)
+
+    def _fresh(self, now: float) -> PhiDetector:
+        d = PhiDetector(now, floor=self._floor)
+        d.live_until = d.silent_after(self.timeout, self.threshold)
+        return d
 
     def add(self, peer: str) -> None:
         """A new member (elastic membership): trusted until its heartbeats say otherwise."""
         if peer not in self.peers:
-            self.peers[peer] = PhiDetector(self.clock(), floor=self._floor)
+            self.peers[peer] = self._fresh(self.clock())
             self._live[peer] = True
 
     def remove(self, peer: str) -> None:
@@ -104,14 +118,16 @@ class FailureDetector:
         d = self.peers.get(peer)
         if d is not None:
             d.heartbeat(self.clock(), ready)
+            d.live_until = d.silent_after(self.timeout, self.threshold)
             self._update(peer)
 
     def is_live(self, peer: str) -> bool:
+        """Ready, heard within ``timeout``, and phi under ``threshold``: the last two folded
+        into one time at each heartbeat (``silent_after``), since routing asks for every op."""
         d = self.peers.get(peer)
         if d is None:
             return True  # this node itself
-        now = self.clock()
-        return d.ready and now - d.last < self.timeout and d.phi(now) < self.threshold
+        return d.ready and self.clock() < d.live_until
 
     def _update(self, peer: str) -> None:
         live = self.is_live(peer)
