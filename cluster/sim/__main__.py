@@ -13,6 +13,28 @@ from concurrent.futures import ProcessPoolExecutor
 from cluster.sim.forensics import failing_keys, key_story
 from cluster.sim.run import BREAKS, DEFAULT_FAULTS, FAULTS, MIX, Options, run_seed
 
+# The compiled kernels the simulated nodes run, each switched off by its variable: read once
+# at import, so ``--kernels reference`` sets them and starts the process again.
+KERNEL_SWITCHES = ("IDC_FBF_KERNEL", "IDC_STORE_KERNEL", "IDC_BATCH_KERNEL")
+
+
+def _kernels_line() -> str:
+    """Which form of each kernel this process runs (``c``, or its reference)."""
+    from cluster.core import store_kernel
+    from cluster.core.fbf import hotpath
+    from cluster.roles import batch_kernel
+
+    return (f"kernels: fbf {hotpath.KERNEL}, store {store_kernel.KERNEL}, "
+            f"batch {batch_kernel.KERNEL}")
+
+
+def _wants_reference(argv: list[str]) -> bool:
+    for i, arg in enumerate(argv):
+        if arg == "--kernels=reference" or arg == "--kernels" and argv[i + 1:i + 2] == [
+                "reference"]:
+            return True
+    return False
+
 
 def _seeds(text: str) -> range:
     lo, _, hi = text.partition("..")
@@ -70,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1,
                     help="seeds run in this many worker processes at once (lines stay in seed "
                          "order; each seed is still deterministic)")
+    ap.add_argument("--kernels", choices=("compiled", "reference"), default="compiled",
+                    help="compiled: the nodes run the compiled kernels where built, as a node "
+                         "process does; reference: their Python (numpy for the FBF) twins, the "
+                         "same answers by the twin tests, to sweep both")
     ap.add_argument("--ops", type=int, default=200)
     ap.add_argument("--clients", type=int, default=6)
     ap.add_argument("--keys", type=int, default=4)
@@ -121,12 +147,16 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - started
     print(f"{len(seeds)} seed(s), {failed} violation(s); {virtual:.0f} virtual s in "
           f"{real:.1f} real s of seed time ({virtual / max(real, 1e-9):.0f}x), {wall:.1f} s "
-          f"wall with {args.jobs} job(s)", flush=True)
+          f"wall with {args.jobs} job(s); {_kernels_line()}", flush=True)
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    if os.environ.get("PYTHONHASHSEED") != "0":  # str hashing orders sets: pin it, replay exact
-        os.environ["PYTHONHASHSEED"] = "0"
+    again = os.environ.get("PYTHONHASHSEED") != "0"  # str hashing orders sets: pin it
+    os.environ["PYTHONHASHSEED"] = "0"
+    if _wants_reference(sys.argv[1:]) and any(os.environ.get(v) != "0" for v in KERNEL_SWITCHES):
+        os.environ.update(dict.fromkeys(KERNEL_SWITCHES, "0"))
+        again = True
+    if again:  # replay exact, with the kernels asked for
         os.execv(sys.executable, [sys.executable, "-m", "cluster.sim", *sys.argv[1:]])
     sys.exit(main())
