@@ -4,9 +4,9 @@
   path, which gives the same bits and answers (``IDC_FBF_KERNEL=0`` forces that path).
 - ``cluster/core/_store.pyx``: the shard store's hot methods. Without it the store runs its
   Python methods, the reference (``IDC_STORE_KERNEL=0`` forces them).
-- ``cluster/roles/_batch.pyx``: the per-op loops of a batch on the write path (the edge's check,
+- ``cluster/core/_batch.pyx``: the per-op loops of a batch on the write path (the edge's check,
   the leader's items and their hold and release, a replica's op ids). Without it they run as
-  the Python reference, ``cluster.roles.batch_kernel`` (``IDC_BATCH_KERNEL=0`` forces that).
+  the Python reference, ``cluster.core.batch_kernel`` (``IDC_BATCH_KERNEL=0`` forces that).
 - ``cluster/wal/_writer.pyx``: the log writer thread's loop without the GIL. Without it the
   thread runs its Python loop, with the same outcomes (``IDC_WAL_KERNEL=0`` forces that).
 
@@ -21,7 +21,7 @@ import sys
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-KERNELS = ("cluster.core.fbf._kernel, cluster.core._store, cluster.roles._batch, "
+KERNELS = ("cluster.core.fbf._kernel, cluster.core._store, cluster.core._batch, "
            "cluster.wal._writer")
 
 
@@ -51,7 +51,7 @@ def _extensions() -> list[Extension]:
                       depends=["cluster/core/fbf/_murmur3.h"], optional=True)
             for name, source in (("cluster.core.fbf._kernel", "cluster/core/fbf/_kernel.pyx"),
                                  ("cluster.core._store", "cluster/core/_store.pyx"),
-                                 ("cluster.roles._batch", "cluster/roles/_batch.pyx"),
+                                 ("cluster.core._batch", "cluster/core/_batch.pyx"),
                                  ("cluster.wal._writer", "cluster/wal/_writer.pyx"))]
     try:
         from Cython.Build import cythonize

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 from aiohttp import web
 
-from cluster.core import store_kernel
+from cluster.core import batch_kernel, store_kernel
 from cluster.core.clock import OFFSET_ENV, injected_offset, offset_clock
 from cluster.core.config import NodeConfig
 from cluster.core.errors import ClusterError, ConfigError, Departed
@@ -116,7 +116,8 @@ class NodeServer:
             "node": node.id, "address": f"{host}:{port}", "replayed": replayed,
             "counters": node.state.shards.keys, "in_doubt": len(node.pending),
             "recovery_s": round(time.monotonic() - started, 3), "fbf_kernel": hotpath.KERNEL,
-            "store_kernel": store_kernel.KERNEL, "log_writer": node.log.stats().writer}})
+            "store_kernel": store_kernel.KERNEL, "batch_kernel": batch_kernel.KERNEL,
+            "log_writer": node.log.stats().writer}})
         if self.ready_stream is not None:
             self.ready_stream.write(f"READY {node.id} {host}:{port}\n")
             self.ready_stream.flush()

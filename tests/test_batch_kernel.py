@@ -1,5 +1,5 @@
-"""The compiled batch loops (``cluster/roles/_batch.pyx``) give the reference's answers
-(``cluster.roles.batch_kernel.PYTHON``): the same results, the same containers after, and the
+"""The compiled batch loops (``cluster/core/_batch.pyx``) give the reference's answers
+(``cluster.core.batch_kernel.PYTHON``): the same results, the same containers after, and the
 same exception types, on hypothesis programs. Skipped, saying so, where the module is not built
 or is switched off (``IDC_BATCH_KERNEL=0``); the Python functions run in every test elsewhere.
 """
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cluster.roles import batch_kernel
+from cluster.core import batch_kernel
 
 ROOT = Path(__file__).resolve().parents[1]
 C = batch_kernel._MODULE
@@ -180,7 +180,7 @@ def test_encoded_ids_say_one_table_or_none() -> None:
 def test_switched_off_runs_the_reference() -> None:
     """``IDC_BATCH_KERNEL=0`` makes a process run the Python functions, and says why."""
     out = subprocess.run(
-        [sys.executable, "-c", "from cluster.roles import batch_kernel as b; "
+        [sys.executable, "-c", "from cluster.core import batch_kernel as b; "
          "print(b.KERNEL, b.REASON, b.release_ids is b.PYTHON['release_ids'])"],
         cwd=ROOT, env={**os.environ, "IDC_BATCH_KERNEL": "0"}, capture_output=True, text=True,
         check=True)

@@ -10,7 +10,7 @@ import pytest_asyncio
 from cluster_util import Client, running_cluster, wait_until
 
 import cluster.wal.committer as wal_committer
-from cluster.core import store_kernel
+from cluster.core import batch_kernel, store_kernel
 from cluster.core.fbf import hotpath
 from cluster.local import LocalCluster
 
@@ -107,6 +107,7 @@ async def test_health_and_metrics(cluster: LocalCluster, client: Client) -> None
         assert name in text, name
     assert f'idc_fbf_kernel_info{{kernel="{hotpath.KERNEL}"}} 1' in text
     assert f'idc_store_kernel_info{{kernel="{store_kernel.KERNEL}"}} 1' in text
+    assert f'idc_batch_kernel_info{{kernel="{batch_kernel.KERNEL}"}} 1' in text
     writer = "c" if wal_committer._native is not None else "python"  # the cluster fsyncs
     assert f'idc_log_writer_info{{writer="{writer}"}} 1' in text
     assert "idc_loop_lag_seconds_count " in text

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster.core import store_kernel
+from cluster.core import batch_kernel, store_kernel
 from cluster.core.fbf import hotpath
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -321,6 +321,10 @@ def _dedup_families(ex: Exposition, node: Any) -> None:
     ex.family("idc_store_kernel_info", "gauge", "1, labelled with what runs the shard store's "
               "hot methods: c (the compiled kernel) or python (not built, or IDC_STORE_KERNEL=0)")
     ex.sample("idc_store_kernel_info", 1, {"kernel": store_kernel.KERNEL})
+    ex.family("idc_batch_kernel_info", "gauge", "1, labelled with what runs the write path's "
+              "per-op batch loops: c (the compiled kernel) or python (not built, or "
+              "IDC_BATCH_KERNEL=0)")
+    ex.sample("idc_batch_kernel_info", 1, {"kernel": batch_kernel.KERNEL})
     ex.family("idc_dedup_estimated_fpp", "gauge", "dedup false-positive estimate (eq. 3 for FBF)")
     for t, d in sorted(node.state.dedups.items()):
         ex.sample("idc_dedup_estimated_fpp", d.estimated_fpp(), {"table": t})

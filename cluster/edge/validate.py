@@ -24,8 +24,8 @@ from typing import Any
 
 import msgpack
 
+from cluster.core.batch_kernel import fast_checked
 from cluster.core.errors import BadRequest
-from cluster.roles.batch_kernel import fast_checked
 from idc_contract import CONSISTENCIES, INT64_MAX, INT64_MIN, NAME_RE
 
 __all__ = ["CONSISTENCIES", "INT64_MAX", "INT64_MIN", "NAME_RE", "CheckedOp", "check_batch",

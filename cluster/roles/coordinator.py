@@ -20,12 +20,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from cluster.core.batch_kernel import by_leader
 from cluster.core.config import NodeConfig
 from cluster.core.errors import PeerError, Unavailable
 from cluster.core.membership import Placement
 from cluster.core.metrics import NodeMetrics
 from cluster.core.ops import Op
-from cluster.roles.batch_kernel import by_leader
 from cluster.transport.peer import PeerLink
 from cluster.transport.wire import Kind, Status
 

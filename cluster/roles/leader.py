@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
+from cluster.core.batch_kernel import new_items
 from cluster.core.config import NodeConfig
 from cluster.core.entry import floor_of
 from cluster.core.membership import Placement
@@ -32,7 +33,6 @@ from cluster.core.metrics import NodeMetrics
 from cluster.core.ops import ITEM_OP_ID, ItemFields, Op
 from cluster.roles.admission import SAFE_ENTRY, Admission
 from cluster.roles.antientropy import Hints
-from cluster.roles.batch_kernel import new_items
 from cluster.roles.batching import TickBatcher
 from cluster.roles.quorum import quorum_future
 from cluster.roles.state import NodeState

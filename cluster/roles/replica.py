@@ -17,11 +17,11 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from cluster.core.batch_kernel import oldest_ts
 from cluster.core.entry import is_real
 from cluster.core.metrics import NodeMetrics
 from cluster.core.ops import ITEM_OP_ID, Item, ItemFields
 from cluster.core.shards import CounterEntry
-from cluster.roles.batch_kernel import oldest_ts
 from cluster.roles.batching import TickBatcher
 from cluster.roles.state import NodeState
 from cluster.wal import DurableLog, LogRecord, RecordKind, record_fields

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgpack
 
+from cluster.core.batch_kernel import encoded_ids, hold_items, needs_touch, release_ids
 from cluster.core.config import NodeConfig
 from cluster.core.entry import LAST, CounterEntry, is_real
 from cluster.core.ops import (
@@ -29,7 +30,6 @@ from cluster.core.ops import (
 )
 from cluster.core.shards import ShardStore
 from cluster.core.tables import TableSettings, settings_map
-from cluster.roles.batch_kernel import encoded_ids, hold_items, needs_touch, release_ids
 
 SNAPSHOT_VERSION = 1
 MAX_STAGED = 1_000_000  # staged copies remembered by op id (their pairs stay hidden anyway)

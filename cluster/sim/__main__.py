@@ -20,9 +20,8 @@ KERNEL_SWITCHES = ("IDC_FBF_KERNEL", "IDC_STORE_KERNEL", "IDC_BATCH_KERNEL")
 
 def _kernels_line() -> str:
     """Which form of each kernel this process runs (``c``, or its reference)."""
-    from cluster.core import store_kernel
+    from cluster.core import batch_kernel, store_kernel
     from cluster.core.fbf import hotpath
-    from cluster.roles import batch_kernel
 
     return (f"kernels: fbf {hotpath.KERNEL}, store {store_kernel.KERNEL}, "
             f"batch {batch_kernel.KERNEL}")

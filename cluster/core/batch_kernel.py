@@ -3,7 +3,7 @@
 A batch of ops crosses a node as lists (``cluster.core.ops``): the edge checks each op, the
 leader makes each new one an item and holds it until its quorum answers, then releases it; a
 replica encodes each op id for its dedup. These loops are the functions below, the reference;
-``cluster/roles/_batch.pyx`` compiles the same functions (``pip install`` builds it where a C
+``cluster/core/_batch.pyx`` compiles the same functions (``pip install`` builds it where a C
 compiler is; ``setup.py``), and ``tests/test_batch_kernel.py`` runs both on the same programs.
 The module-level names are the compiled ones when the module is built, it gives the reference's
 answers on a sample here, and ``IDC_BATCH_KERNEL`` is not ``0``; ``KERNEL`` says which run
@@ -181,7 +181,7 @@ def _agrees(mod: Any) -> str:
 
 
 def _load() -> tuple[Any, str]:
-    mod, why = optional("cluster.roles._batch", ENV)
+    mod, why = optional("cluster.core._batch", ENV)
     if mod is None:
         return None, why
     why = _agrees(mod)

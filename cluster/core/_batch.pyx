@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""The compiled twins of ``cluster.roles.batch_kernel``'s functions: the same answers, with no
+"""The compiled twins of ``cluster.core.batch_kernel``'s functions: the same answers, with no
 bytecode between the dict and list operations of each op. The reference's docstrings say what
 each computes; ``tests/test_batch_kernel.py`` holds the two to the same results."""
 
