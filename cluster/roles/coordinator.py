@@ -111,6 +111,10 @@ class Coordinator:
         ring = self.ring
         groups = by_leader(ops, ring.cached_prefs, ring.preference_list, ring.leader,
                            self._is_live())
+        if len(groups) == 1:  # one leader for all (what the SDK sends): no split, no merge
+            leader = next(iter(groups))
+            return await (lead(ops, births) if leader == me
+                          else self._forward(leader, list(ops), births, lead, kind))
         out = [_UNAVAILABLE] * len(ops)
         waits = []
         for leader, idx in groups.items():
