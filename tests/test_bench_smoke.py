@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -104,3 +105,21 @@ def test_churn_flatness_is_judged_from_its_base_sample() -> None:
     assert got["max_deviation_pct"] == 14.0 and got["keys_max"] == 10
     assert not flatness(rows, ["n1"], 10, "from t=10")["n1"]["within_15pct"]  # 114 / 90
     assert flatness(rows, ["n1"], 40, "too late") == {}  # one sample judges nothing
+
+
+@pytest.mark.timeout(120)
+def test_bench_app_counts_every_acknowledged_op_once(tmp_path: Path) -> None:
+    """Coroutines sharing one SDK client: some ops acknowledged, and the counters read back
+    sum to exactly that many (none lost, none counted twice)."""
+    out = tmp_path / "app.json"
+    done = subprocess.run([sys.executable, "-m", "bench.bench_app", "--quick", "--seconds",
+                           "0.5", "--coroutines", "16", "--keys", "50", "--json", str(out)],
+                          cwd=ROOT, timeout=110, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert "ours, app shape:" in done.stdout
+    results = json.loads(out.read_text())
+    ours = results["ours"]
+    assert ours["ops"] > 0 and ours["errors"] == 0
+    assert ours["counted"] == ours["ops"]
+    if "redis" in results:  # where redis-server is installed, the same check of its side
+        assert results["redis"]["counted"] == results["redis"]["ops"] > 0
