@@ -483,13 +483,13 @@ cdef int _unhide(store, _Store st, dict hidden, str table, str key, str origin,
         del by_origin[origin]
         if not by_origin:
             del hidden[k]
-    if not store._tracking:
-        return 0
-    o = store._index.get(origin)
-    if o is None:
-        return 0
     if st is None:
         st = _Store(store)
+    if not st.tracking:
+        return 0
+    o = st.index.get(origin)  # a typed dict's get: no method call an op
+    if o is None:
+        return 0
     cdef Loc at
     if not st.locate(table, key, o, False, &at):
         return 0  # nothing applied: (0, 0) visible either way
