@@ -17,7 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 BENCHMARKS = ("bench.bench_fbf", "bench.bench_dleft", "bench.bench_hotpath", "bench.bench_wire",
               "bench.bench_wal", "bench.bench_cluster", "bench.bench_scale", "bench.bench_redis",
-              "bench.bench_floor", "bench.bench_inprocess", "bench.bench_counters")
+              "bench.bench_floor", "bench.bench_inprocess", "bench.bench_counters",
+              "bench.bench_app")
 
 
 def _option(argv: list[str], name: str) -> tuple[str | None, list[str]]:
