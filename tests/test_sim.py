@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from cluster.sim.run import DEFAULT_FAULTS, Options, Result, run_seed
+from cluster.sim.run import DEFAULT_FAULTS, FAULTS, Options, Result, run_seed
 
 EVERY_BUT_TORN = tuple(f for f in DEFAULT_FAULTS if f != "torn")
 
@@ -53,6 +53,17 @@ def test_a_sweep_of_two_hundred_seeds_with_every_fault_is_clean(
     out = capsys.readouterr().out
     assert code == 0, [line for line in out.splitlines() if "VIOLATION" in line]
     assert "200 seed(s), 0 violation(s)" in out
+
+
+def test_a_lost_application_staged_elsewhere_is_never_answered_duplicate() -> None:
+    """Sim seed 231, every fault: n1 crashed after its STAGE copies of an add had left and before
+    its APPLY record was durable. Restarted (a new incarnation), it checked the client's retry;
+    the two replicas holding the copy staged answered STAGED (n1's own copy), which the check
+    took for "held": the retry was answered "duplicate" while the +10 stayed hidden everywhere,
+    an acknowledged add lost (reads 10 under). A copy staged for an application the asker does
+    not hold unpublished is open: the retry is refused until it is decided."""
+    res = run_seed(Options(seed=231, ops=200, faults=FAULTS))
+    assert res.ok, res.line()
 
 
 def test_a_seed_replays_byte_for_byte() -> None:

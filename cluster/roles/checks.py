@@ -314,8 +314,12 @@ async def _check_one(node: Node, op: Op, born: float | None = None
         return _UNAVAILABLE, deadline  # another node is checking it: retry decides later
     # a replica that gave no claim (FORGOT: it restarted lately) said nothing
     answers = [a for a in await ask_holds(node, table, key, op_id, born) if a[1] != FORGOT]
-    if any(held in (IN_DOUBT, BUSY) for _, held, _, _ in answers):
-        # another leader's application (or check) is still open: retry decides later
+    if any(held in (IN_DOUBT, BUSY) or held == STAGED and op_id not in node.pending
+           for _, held, _, _ in answers):
+        # another leader's application (or check) is still open: retry decides later. So is
+        # a copy of this node's own staged there that it does not hold unpublished: a former
+        # incarnation's, whose APPLY record a crash lost (sim seed 231). Hidden everywhere and
+        # never published, it was answered "duplicate" as held: an acknowledged add lost.
         release_claims(node, table, key, op_id)
         return _UNAVAILABLE, deadline
     # WITHDRAWN says the asked node cancelled its own application, not that another stands
@@ -399,8 +403,16 @@ async def confirm_duplicates(node: Node, ops: Sequence[tuple[str, str, str]]) ->
                         out[i].append((r, int(held), CounterEntry.from_wire(e)))
         return out
 
-    def open_elsewhere(got: list[tuple[str, int, CounterEntry]]) -> bool:
-        return any(held in (IN_DOUBT, BUSY) for _, held, _ in got)
+    def open_elsewhere(i: int, got: list[tuple[str, int, CounterEntry]]) -> bool:
+        # STAGED: that replica holds a copy of an application of this node's id hidden. If this
+        # node published it, its entry is above that replica's, which missed the publication.
+        # If not (a former incarnation's copy, its APPLY record lost in a crash), this node
+        # learned the id without the op, the replica's entry covers this node's, and the op is
+        # open, shown nowhere (sim seed 231: answered "duplicate", an acknowledged add lost).
+        ours = mine[i]
+        return any(held in (IN_DOUBT, BUSY)
+                   or held == STAGED and (ours is None or e.dominates(ours))
+                   for _, held, e in got)
 
     def shows(i: int, got: list[tuple[str, int, CounterEntry]]) -> int:
         """Replicas that surely show op ``i``: this node (its entry covers the op) and each
@@ -411,12 +423,12 @@ async def confirm_duplicates(node: Node, ops: Sequence[tuple[str, str, str]]) ->
         no replica holds it at all (``settle._verdict``)."""
         ours = mine[i]
         if ours is None:
-            return w if (len(got) >= others[i] and not open_elsewhere(got)
+            return w if (len(got) >= others[i] and not open_elsewhere(i, got)
                          and any(held == HELD for _, held, _ in got)) else 0
         return 1 + sum(e.dominates(ours) for _, _, e in got)
 
     def decided() -> bool:
-        return all(open_elsewhere(got) or shows(i, got) >= w
+        return all(open_elsewhere(i, got) or shows(i, got) >= w
                    for i, got in enumerate(answers()))
 
     await _until(list(futs.values()), timeout, decided)
@@ -425,7 +437,7 @@ async def confirm_duplicates(node: Node, ops: Sequence[tuple[str, str, str]]) ->
     need = [0] * len(ops)
     push: dict[str, list[int]] = {}
     for i, got in enumerate(got_all):
-        if open_elsewhere(got):
+        if open_elsewhere(i, got):
             continue  # its application is still open there: not visible yet
         have = shows(i, got)
         if have >= w:
