@@ -27,6 +27,7 @@ class NodePool:
         self.node_ids: dict[str, str] = {}
         self.windows: dict[str, float] = {}
         self.skews: dict[str, float] = {}  # each node's clock tolerance (max_clock_skew)
+        self.said = 0  # counts changes of ``windows`` and ``skews``: what is derived may be kept
         self.members: tuple[str, ...] = ()
         self.ring: Ring | None = None
         self._ring_spec: tuple[tuple[str, ...], int, int] | None = None
@@ -52,6 +53,7 @@ class NodePool:
         self.failed_at.pop(url, None)
         self.windows.pop(url, None)
         self.skews.pop(url, None)
+        self.said += 1
         node_id = self.node_ids.pop(url, None)
         if node_id is not None and self._url_of.get(node_id) == url:
             del self._url_of[node_id]
@@ -93,10 +95,12 @@ class NodePool:
         window = health.get("window_s")
         if isinstance(window, int | float) and window > 0:
             self.windows[url] = float(window)
+            self.said += 1
         clock = health.get("clock")
         skew = clock.get("tolerance_s") if isinstance(clock, Mapping) else None
         if isinstance(skew, int | float) and skew >= 0:
             self.skews[url] = float(skew)
+            self.said += 1
         members = health.get("members")
         if isinstance(members, list):
             self.members = tuple(str(m) for m in members)

@@ -58,6 +58,8 @@ class CounterClient:
         elif nodes or settings:
             config = config.replace(**({"nodes": tuple(nodes)} if nodes else {}), **settings)
         self.config = config
+        # ``op_budget``, kept with what it was computed from
+        self._budget, self._budget_said, self._budget_config = 0.0, -1, config
         self.stats = ClientStats()
         self.pool = NodePool(config.nodes,
                              failure_backoff_interval=config.failure_backoff_interval)
@@ -144,8 +146,14 @@ class CounterClient:
 
     @property
     def op_budget(self) -> float:
-        """Seconds an op may spend retrying: inside the window, with the configured margin."""
-        return self.config.budget(self.window_s, self.pool.skew())
+        """Seconds an op may spend retrying: inside the window, with the configured margin.
+        Kept until the nodes say another window or clock tolerance (``NodePool.said``), or the
+        config changes: every op asks."""
+        said, config = self.pool.said, self.config
+        if said != self._budget_said or config is not self._budget_config:
+            self._budget = config.budget(self.window_s, self.pool.skew())
+            self._budget_said, self._budget_config = said, config
+        return self._budget
 
     @property
     def max_reads(self) -> int:
@@ -489,10 +497,19 @@ def _page(ans: dict[str, Any]) -> tuple[list[tuple[str, int]], str | None]:
     return page, after
 
 
+_known_names: set[str] = set()  # names already checked: a set lookup beats the regex
+_MAX_KNOWN = 100_000
+
+
 def _check_name(value: Any, field: str) -> None:
+    if type(value) is str and value in _known_names:
+        return
     if not isinstance(value, str) or not NAME_RE.fullmatch(value):
         raise BadRequestError(f"{field}: must match [A-Za-z0-9_.:-]{{1,128}}, got {value!r}",
                               code=f"bad_{field}")
+    if len(_known_names) >= _MAX_KNOWN:
+        _known_names.clear()
+    _known_names.add(value)
 
 
 def _check_add(table: str, key: str, delta: int) -> None:

@@ -146,3 +146,23 @@ def test_the_pool_forgets_a_member_that_left_but_never_a_url_it_was_given() -> N
     assert pool.urls == ["http://lb:80", "http://a:1", "http://b:2"]
     assert pool.learn("http://a:1", {"node": "n1", "ring_version": 8, "addresses": members,
                                      "left": {}}, discover=True) == ["http://c:3"]
+
+
+def test_the_op_budget_follows_what_the_nodes_say() -> None:
+    """``CounterClient.op_budget`` is kept between ops (every op asks), and computed again when a
+    node says another window or clock tolerance, a node is removed, or the config changes."""
+    from client.sdk import CounterClient
+
+    c = CounterClient(["http://a:1", "http://b:2"])
+    cfg = c.config
+    assumed = c.op_budget
+    assert assumed == cfg.budget(cfg.assumed_window, 0.0)
+    c.pool.learn("http://a:1", {"node": "n1", "window_s": 4.0}, discover=False)
+    assert c.op_budget == cfg.budget(4.0, 0.0) != assumed
+    c.pool.learn("http://b:2", {"node": "n2", "window_s": 2.0, "clock": {"tolerance_s": 0.5}},
+                 discover=False)
+    assert c.op_budget == cfg.budget(2.0, 0.5)
+    c.pool.remove("http://b:2")
+    assert c.op_budget == cfg.budget(4.0, 0.0)
+    c.config = cfg.replace(total_timeout=0.25)
+    assert c.op_budget == min(0.25, cfg.budget(4.0, 0.0))
