@@ -198,23 +198,25 @@ def _estimate(columns: Sequence[Any], count: int) -> int:
     return size
 
 
-def _pack_columns(columns: Sequence[Any], count: int, pack: Callable[[Any], bytes]) -> bytes:
-    parts = -(-_estimate(columns, count) // _SPLIT_AT) if count > 1 else 1
-    if parts > 1:  # cut before encoding: a frame found too big would be encoded again in halves
+def _pack_columns(columns: Sequence[Any], count: int, pack: Callable[[Any], bytes],
+                  parts: int = 0) -> bytes:
+    """One frame for the columns, or ``parts`` frames of equal record counts: as many as the
+    estimate needs (``_estimate``: cut before encoding, not encoded whole and again), then two
+    more for a part that still came out over the limit."""
+    if not parts:
+        parts = -(-_estimate(columns, count) // _SPLIT_AT) if count > 1 else 1
+    if parts > 1:
         step = -(-count // parts)
         return b"".join(
             _pack_columns([c[i:i + step] if isinstance(c, _COLUMN_TYPES) else c
-                           for c in columns], min(step, count - i), pack)
+                           for c in columns], min(step, count - i), pack, 1)
             for i in range(0, count, step))
     payload = pack([_COLUMNAR, *columns])
     if len(payload) <= MAX_RECORD_BYTES:
         return _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
     if count == 1:
         raise ValueError(f"record {columns[1][0]!r}: {len(payload)} bytes > {MAX_RECORD_BYTES}")
-    half = count // 2
-    lo = [c[:half] if isinstance(c, _COLUMN_TYPES) else c for c in columns]
-    hi = [c[half:] if isinstance(c, _COLUMN_TYPES) else c for c in columns]
-    return _pack_columns(lo, half, pack) + _pack_columns(hi, count - half, pack)
+    return _pack_columns(columns, count, pack, 2)
 
 
 # ---------------------------------------------------------------- decoding (either format)
