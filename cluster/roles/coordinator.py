@@ -100,18 +100,12 @@ class Coordinator:
         me = self.id
         if births is None:
             births = [self.clock()] * len(ops)
-        if len(ops) == 1:
-            table, key, _op_id, _delta, _attempt = ops[0]
-            leader = self.ring.leader(table, key, self._is_live())
-            if leader == me:
-                return await lead(ops, births)
-            return await self._forward(leader, list(ops), births, lead, kind)
         # keys with one preference list have one leader: asked once a call for each of the
         # few lists, not once an op (``is_live`` is a call per member it tries)
         ring = self.ring
         groups = by_leader(ops, ring.cached_prefs, ring.preference_list, ring.leader,
                            self._is_live())
-        if len(groups) == 1:  # one leader for all (what the SDK sends): no split, no merge
+        if len(groups) == 1:  # one op, or one leader for all (what the SDK sends): no split
             leader = next(iter(groups))
             return await (lead(ops, births) if leader == me
                           else self._forward(leader, list(ops), births, lead, kind))
