@@ -37,7 +37,7 @@ from client.opids import OpIdSource
 from client.retry import ADD, AddResult, PendingOp, RetryLoop
 from client.stats import ClientStats
 from client.transport import HttpTransport, query
-from idc_contract import CONSISTENCIES, INT64_MAX, INT64_MIN, NAME_RE
+from idc_contract import CONSISTENCIES, INT64_MAX, INT64_MIN, is_name
 
 BatchOp = tuple[str, str, int]
 ReadPair = tuple[str, str]
@@ -497,19 +497,10 @@ def _page(ans: dict[str, Any]) -> tuple[list[tuple[str, int]], str | None]:
     return page, after
 
 
-_known_names: set[str] = set()  # names already checked: a set lookup beats the regex
-_MAX_KNOWN = 100_000
-
-
 def _check_name(value: Any, field: str) -> None:
-    if type(value) is str and value in _known_names:
-        return
-    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
+    if not is_name(value):
         raise BadRequestError(f"{field}: must match [A-Za-z0-9_.:-]{{1,128}}, got {value!r}",
                               code=f"bad_{field}")
-    if len(_known_names) >= _MAX_KNOWN:
-        _known_names.clear()
-    _known_names.add(value)
 
 
 def _check_add(table: str, key: str, delta: int) -> None:

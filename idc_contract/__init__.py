@@ -9,6 +9,7 @@ imports nothing of either side, so the SDK installs and imports without the serv
 from __future__ import annotations
 
 import re
+from typing import TypeGuard
 
 __all__ = [
     "CONSISTENCIES",
@@ -17,16 +18,35 @@ __all__ = [
     "DEFAULT_MAX_OP_ID_BYTES",
     "INT64_MAX",
     "INT64_MIN",
+    "KNOWN_NAMES",
     "NAME_PATTERN",
     "NAME_RE",
     "NAME_RULE",
     "U64_MAX",
+    "is_name",
 ]
 
 # Table and key names: what the node accepts in a URL path and a batch op.
 NAME_RULE = "[A-Za-z0-9_.:-]{1,128}"
 NAME_PATTERN = f"^{NAME_RULE}$"  # the same rule as a JSON Schema pattern (the API description)
 NAME_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
+# Names already found to follow the rule: both sides check the names of every op, and a set
+# lookup beats the regex (a node reads ``KNOWN_NAMES`` in its compiled batch check too).
+KNOWN_NAMES: set[str] = set()
+_MAX_KNOWN = 100_000
+
+
+def is_name(value: object) -> TypeGuard[str]:
+    """Does ``value`` follow ``NAME_RULE``? A name found to is remembered (``KNOWN_NAMES``, at
+    most 100,000, then forgotten all at once)."""
+    if type(value) is str and value in KNOWN_NAMES:
+        return True
+    if not isinstance(value, str) or NAME_RE.fullmatch(value) is None:
+        return False
+    if len(KNOWN_NAMES) >= _MAX_KNOWN:
+        KNOWN_NAMES.clear()
+    KNOWN_NAMES.add(value)
+    return True
 
 # A delta, attempt, age_ms or ts_ms: a signed 64-bit integer.
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1

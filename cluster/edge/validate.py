@@ -26,7 +26,7 @@ import msgpack
 
 from cluster.core.batch_kernel import fast_checked
 from cluster.core.errors import BadRequest
-from idc_contract import CONSISTENCIES, INT64_MAX, INT64_MIN, NAME_RE
+from idc_contract import CONSISTENCIES, INT64_MAX, INT64_MIN, KNOWN_NAMES, NAME_RE, is_name
 
 __all__ = ["CONSISTENCIES", "INT64_MAX", "INT64_MIN", "NAME_RE", "CheckedOp", "check_batch",
            "check_consistency", "check_limit", "check_name", "check_op", "check_prefix",
@@ -59,7 +59,7 @@ def decode_body(raw: bytes, content_type: str, max_depth: int = 8) -> Any:
 
 
 def check_name(value: Any, field: str) -> str:
-    if not _ok_name(value):
+    if not is_name(value):
         raise BadRequest(f"{field}: must match [A-Za-z0-9_.:-]{{1,128}}", code=f"bad_{field}")
     return value
 
@@ -160,7 +160,7 @@ def check_batch(body: Any, *, max_ops: int, max_op_id_bytes: int,
                          code="batch_too_large")
     # the common shape is checked in one call (``batch_kernel.fast_checked``, compiled where
     # built); an op it leaves out (None) takes the full check, which says what is wrong
-    out = fast_checked(ops, _known_names, max_op_id_bytes)
+    out = fast_checked(ops, KNOWN_NAMES, max_op_id_bytes)
     for i, checked in enumerate(out):
         if checked is None:
             out[i] = _check_batch_op(ops[i], i, max_op_id_bytes, max_clock_skew_ms,
@@ -175,30 +175,13 @@ def _check_batch_op(op: Any, i: int, max_op_id_bytes: int, skew_ms: int,
     if not isinstance(op, dict):
         raise BadRequest(f"ops[{i}]: must be an object", code="bad_body")
     table, key = op.get("table"), op.get("key")
-    if not isinstance(table, str) or not _ok_name(table):
+    if not is_name(table):
         raise _bad(where, "table")
-    if not isinstance(key, str) or not _ok_name(key):
+    if not is_name(key):
         raise _bad(where, "key")
     return check_op(op, table, key, max_op_id_bytes=max_op_id_bytes, where=where,
                     max_clock_skew_ms=skew_ms, stale_after_ms=stale_after_ms,
                     max_depth=max_depth, depth=3, clock=clock, deletes=True)
-
-
-_known_names: set[str] = set()  # names already checked: a set lookup beats the regex
-_MAX_KNOWN = 100_000
-
-
-def _ok_name(value: Any) -> bool:
-    if type(value) is not str:
-        return False
-    if value in _known_names:
-        return True
-    if NAME_RE.fullmatch(value) is None:
-        return False
-    if len(_known_names) >= _MAX_KNOWN:
-        _known_names.clear()
-    _known_names.add(value)
-    return True
 
 
 def _bad(where: str, field: str) -> BadRequest:
@@ -218,9 +201,9 @@ def check_reads(body: Any, *, max_reads: int) -> tuple[list[tuple[str, str]], st
         raise BadRequest(f"reads: at most {max_reads} counters per read, got {len(reads)}",
                          code="too_many_reads")
     # this loop is most of a read's check: no set built an item, and a name already checked
-    # (``_ok_name``'s cache, a read's table nearly always) costs a set lookup, not a call
+    # (``is_name``'s cache, a read's table nearly always) costs a set lookup, not a call
     out = []
-    known, ok = _known_names, _ok_name
+    known, ok = KNOWN_NAMES, is_name
     for i, item in enumerate(reads):
         if not isinstance(item, dict) or len(item) != 2 or "table" not in item \
                 or "key" not in item:
