@@ -28,11 +28,11 @@ def _kernels_line() -> str:
 
 
 def _wants_reference(argv: list[str]) -> bool:
-    for i, arg in enumerate(argv):
-        if arg == "--kernels=reference" or arg == "--kernels" and argv[i + 1:i + 2] == [
-                "reference"]:
-            return True
-    return False
+    """``--kernels reference`` among the arguments, read as ``main``'s parser reads it (an
+    abbreviation too) before anything imports the kernels."""
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--kernels")
+    return ap.parse_known_args(argv)[0].kernels == "reference"
 
 
 def _seeds(text: str) -> range:
