@@ -14,7 +14,7 @@ Pure: plain containers in, plain containers out; the callers own their meaning.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from cluster.core.compiled import optional
@@ -112,7 +112,7 @@ def hold_items(pending: dict[str, Any], by_key: dict[tuple[str, str, str], dict[
 
 
 def release_ids(pending: dict[str, Any], by_key: dict[tuple[str, str, str], dict[str, None]],
-                op_ids: Sequence[str]) -> list[Any]:
+                op_ids: Iterable[str]) -> list[Any]:
     """``hold_items`` undone for these ids: the items of those that were held, in order."""
     out: list[Any] = []
     for op_id in op_ids:

@@ -93,14 +93,15 @@ class FailureDetector:
         now = clock()
         # The floor keeps a burst of fast heartbeats from making one slow one look fatal.
         self._floor = max(interval, timeout / threshold / _LOG10_E)
-        self.peers: dict[str, PhiDetector] = {}
+        self.peers = {p: self._fresh(now) for p in peers}
         self.on_change: Callable[[str, bool], None] | None = None
         self._live = dict.fromkeys(peers, True)
-        for p in peers:
-            self.peers[p] = self._fresh(now)
 
     def _fresh(self, now: float) -> PhiDetector:
-        d = PhiDetector(now, floor=self._floor)
+        return self._rearm(PhiDetector(now, floor=self._floor))
+
+    def _rearm(self, d: PhiDetector) -> PhiDetector:
+        """``d`` heard from (or new): when it stops being live (``is_live``)."""
         d.live_until = d.silent_after(self.timeout, self.threshold)
         return d
 
@@ -118,7 +119,7 @@ class FailureDetector:
         d = self.peers.get(peer)
         if d is not None:
             d.heartbeat(self.clock(), ready)
-            d.live_until = d.silent_after(self.timeout, self.threshold)
+            self._rearm(d)
             self._update(peer)
 
     def is_live(self, peer: str) -> bool:

@@ -154,8 +154,7 @@ class NodeState:
     def release_many(self, op_ids: Iterable[str]) -> list[ItemFields]:
         """``release`` of each op (published or withdrawn together); the items of those that
         were unpublished, in order. Their deltas are made visible in one store call."""
-        out: list[ItemFields] = release_ids(self.pending, self._by_key,
-                                            op_ids if isinstance(op_ids, list) else list(op_ids))
+        out: list[ItemFields] = release_ids(self.pending, self._by_key, op_ids)
         self.shards.unhide_items(out)
         return out
 
