@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cluster.core.digests import LEAVES, key_hash
 from cluster.core.shards import CounterEntry, ShardStore
 
 origins = st.sampled_from(["n1", "n2", "n3", "n4"])
@@ -151,3 +152,55 @@ def test_apply_hidden_is_apply_then_hide(deltas: list[int]) -> None:
         b.unhide("t", "k", "n1", d)
     assert a.entry("t", "k") == b.entry("t", "k") and a.digests.sums() == b.digests.sums()
     assert a.own_pair("t", "k") == b.own_pair("t", "k")
+
+
+def _dense(n: int) -> ShardStore:
+    """A table with several keys a page, and keys of several leaves in one page."""
+    s = ShardStore("n1")
+    for i in range(n):
+        s.merge_pair("t", f"k{i}", "n2", i + 1, i % 3)
+        if i % 4 == 0:
+            s.apply_local("t", f"k{i}", -1)
+    s.flush_digests()
+    return s
+
+
+def test_a_dense_table_scans_walks_and_indexes_by_leaf() -> None:
+    """Pages hold many leaves: a scan still runs in (leaf, key) order with every key once, a
+    walk (``lasts``) sees every key once, and a leaf's index holds exactly its keys."""
+    n = 9000
+    s = _dense(n)
+    order = sorted((key_hash("t", f"k{i}") % LEAVES, f"k{i}") for i in range(n))
+    got: list[tuple[int, str]] = []
+    after = None
+    while True:
+        rows, after = s.scan("t", after, "", 7, 50)
+        got += [(leaf, key) for leaf, key, _entry in rows]
+        assert all(entry == s.entry("t", key) for _leaf, key, entry in rows)
+        if after is None:
+            break
+    assert got == order
+    seen: list[str] = []
+    leaf: int | None = 0
+    while leaf is not None:
+        rows2, leaf = s.lasts("t", leaf, 100)
+        seen += [key for key, _last in rows2]
+    assert sorted(seen) == sorted(f"k{i}" for i in range(n))
+    for leaf_no in {lf for lf, _key in order[:40]}:
+        want = {key for lf, key in order if lf == leaf_no}
+        assert {key for key, _h in s.leaf("t", leaf_no)} == want
+
+
+def test_a_dense_table_drops_and_reloads_to_the_same_digests() -> None:
+    n = 6000
+    s = _dense(n)
+    assert s.drop("t", [f"k{i}" for i in range(0, n, 2)]) == n // 2
+    kept = _dense(0)
+    for i in range(1, n, 2):
+        kept.merge_pair("t", f"k{i}", "n2", i + 1, i % 3)
+    assert s.keys == n // 2 and s.holds("t", "k1") and not s.holds("t", "k0")
+    assert s.digests.sums() == kept.digests.sums()
+    again = ShardStore.from_bytes(s.to_bytes(), "n1")
+    again.flush_digests()
+    assert again == s and again.keys == n // 2
+    assert again.digests.sums() == s.digests.sums()

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from cluster.core import digests, store_kernel
 from cluster.core.digests import BUCKETS, LEAVES
+from cluster.core.pages import Page
 from cluster.core.shards import ShardStore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -213,8 +214,9 @@ def groups(store: ShardStore) -> dict[str, dict[Hashable, tuple[Any, ...]]]:
 
 
 def pages(store: ShardStore) -> dict[str, dict[int, tuple[Any, ...]]]:
-    return {t: {leaf: (p.keys, p.hashes.tobytes(), p.who.tobytes(), p.pn.tobytes(), p.dirty)
-                for leaf, p in by.items()} for t, by in store._tables.items()}
+    return {t: {at: (p.keys, p.at.tobytes(), p.kh.tobytes(), p.hashes.tobytes(),
+                     p.who.tobytes(), p.pn.tobytes(), p.dirty)
+                for at, p in by.items()} for t, by in store._tables.items()}
 
 
 def view(store: ShardStore) -> dict[str, Any]:
@@ -303,3 +305,63 @@ def test_the_kernel_reads_a_page_s_fields_where_python_keeps_them() -> None:
     store = ShardStore(OWN)
     store.merge_items([["op", "likes", "a", "n2@1", 3, 1, 2, 0.0]])
     assert store.pair("likes", "a", "n2@1") == (3, 1)
+
+
+# -- a page's lookup and its snapshot records (``Page.find``, ``Page.split``) ----------------
+
+page_names = st.lists(st.binary(max_size=12).map(lambda b: b.replace(b"\0", b"z")), unique=True,
+                      max_size=40)
+
+
+def small_hash(name: bytes) -> int:
+    """A key hash with many collisions (a page's lookup must compare the names), keys in every
+    one of the 16 leaves of one page (0x300 to 0x30f) and some hashes above a leaf's."""
+    return (len(name) * 7 + sum(name)) % 5 * LEAVES + 0x300 + len(name) % 16
+
+
+def page_of(names: list[bytes], entries: list[tuple[int, int, int, int]]) -> Page:
+    page = Page()
+    for name in names:
+        page.add(name, small_hash(name))
+    for r, o, p, n in entries:
+        if r < len(names):
+            j = page.slot(r, o)
+            if j < 0:
+                page.insert(~j, r, o)
+                j = ~j
+            page.pn[2 * j], page.pn[2 * j + 1] = p, n
+    return page
+
+
+page_entries = st.lists(st.tuples(st.integers(0, 39), st.integers(0, 5), counts, counts),
+                        max_size=80)
+
+
+@settings(max_examples=300, deadline=None)
+@given(names=page_names, entries=page_entries, probes=page_names)
+def test_find_and_split_agree_with_python(names: list[bytes], entries: list[Any],
+                                          probes: list[bytes]) -> None:
+    page = page_of(names, entries)
+    for name in (*names, *probes):
+        assert KERNEL.find(page, name, small_hash(name)) == page.find(name)
+    assert KERNEL.split(page) == page.split()
+
+
+@settings(max_examples=200, deadline=None)
+@given(names=page_names, entries=page_entries)
+def test_a_page_split_by_leaf_joins_back(names: list[bytes], entries: list[Any]) -> None:
+    """A snapshot keeps a page as a record a leaf (the layout of releases with a page a leaf)
+    and joins them back: the same keys, each with the same entries; the leaves in order, each
+    record holding exactly its leaf's keys."""
+    page = page_of(names, entries)
+    parts = page.split()
+    assert [leaf for leaf, *_ in parts] == sorted({small_hash(n) % LEAVES for n in names})
+    for leaf, keys, _who, _pn in parts:
+        assert all(small_hash(n) % LEAVES == leaf for n in keys[1:-1].split(b"\0"))
+    back = Page.join([part[1:] for part in parts], small_hash)
+    assert sorted(back.names()) == sorted(names)
+    for name in names:
+        r, s = page.find(name), back.find(name)
+        assert list(back.entries(s)) == list(page.entries(r))
+        assert back.kh[s] == small_hash(name) and back.keys.startswith(name + b"\0", back.at[s])
+    assert back.dirty == (1 << len(names)) - 1 and not any(back.hashes)

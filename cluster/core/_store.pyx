@@ -17,10 +17,13 @@ from cpython cimport array
 from cpython.object cimport PyObject
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memchr, memcmp, memcpy
+from libc.string cimport memcmp, memcpy
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+
+import sys
 
 from cluster.core.digests import BUCKETS, LEAVES, LEVELS, MASK, SEED, _Group
-from cluster.core.pages import MAX_ORIGINS, ORIGIN_BITS, Page
+from cluster.core.pages import MAX_ORIGINS, ORIGIN_BITS, SPAN_BITS, Page
 
 
 cdef extern from "Python.h":
@@ -37,12 +40,18 @@ cdef extern from "_murmur3.h" nogil:
 cdef enum:
     STACK = 512  # bytes of a hashed message kept on the stack; longer ones are allocated
 
-if LEVELS != (BUCKETS, 4096, 65536) or ORIGIN_BITS != 16 or MAX_ORIGINS != 1 << 16:
-    raise ImportError("the store kernel is built for the digest tree (64, 4096, 65536) and "
-                      "16-bit origin numbers")
+if LEVELS != (BUCKETS, 4096, 65536) or ORIGIN_BITS != 16 or MAX_ORIGINS != 1 << 16 \
+        or SPAN_BITS != 4:
+    raise ImportError("the store kernel is built for the digest tree (64, 4096, 65536), "
+                      "16-bit origin numbers and pages of 16 leaves")
+if sys.byteorder != "little":
+    raise ImportError("the store kernel writes snapshots' little-endian buffers as they are")
 
 cdef uint32_t _SEED = SEED
 cdef long _LEAVES = LEAVES
+cdef enum:
+    SPAN_BITS_C = 4  # ``pages.SPAN_BITS``
+    SPAN = 16  # digest leaves a page (``pages.SPAN``)
 
 
 # -- a page's fields (``cluster.core.pages.Page``, a class with ``__slots__``) -----------------
@@ -58,6 +67,7 @@ cdef Py_ssize_t _slot_offset(str name) except -1:
 
 cdef Py_ssize_t _KEYS = _slot_offset("keys"), _WHO = _slot_offset("who")
 cdef Py_ssize_t _PN = _slot_offset("pn"), _HASHES = _slot_offset("hashes")
+cdef Py_ssize_t _KH = _slot_offset("kh"), _AT = _slot_offset("at")
 
 
 cdef inline object _field(object page, Py_ssize_t offset):
@@ -68,10 +78,11 @@ cdef inline object _field(object page, Py_ssize_t offset):
 def _fields_agree():
     """The slots read by offset are the attributes (``store_kernel``'s check at import)."""
     page = Page()
-    page.add(b"k")
+    page.add(b"k", 7)
     page.insert(0, 0, 1)
     return (_field(page, _KEYS) is page.keys and _field(page, _WHO) is page.who
-            and _field(page, _PN) is page.pn and _field(page, _HASHES) is page.hashes)
+            and _field(page, _PN) is page.pn and _field(page, _HASHES) is page.hashes
+            and _field(page, _KH) is page.kh and _field(page, _AT) is page.at)
 
 
 # -- hashes (``cluster.core.digests.key_hash`` and ``pair_hash``) ------------------------------
@@ -220,20 +231,98 @@ def pair_hash(str key, str origin, uint64_t p, uint64_t n) -> int:
 
 # -- pages (``cluster.core.pages.Page.find`` and ``slot``) ------------------------------------
 
-cdef Py_ssize_t _find(bytes keys, const char *name, Py_ssize_t n) except? -2:
-    """The key number of ``name`` in a page's ``keys`` (``\\0k0\\0k1\\0...\\0``), -1 if absent."""
+cdef Py_ssize_t _find(object page, uint32_t h, const char *name, Py_ssize_t n) except? -2:
+    """The key number of ``name`` (key hash ``h``) in ``page``, -1 if absent
+    (``Page.find``): a scan of the key hashes, the name compared where one matches."""
+    cdef array.array kh = _field(page, _KH), at = _field(page, _AT)
+    cdef bytes keys = _field(page, _KEYS)
+    cdef const uint32_t *a = <const uint32_t *>kh.data.as_uints
+    cdef const uint32_t *off = <const uint32_t *>at.data.as_uints
     cdef const char *base = keys
-    cdef Py_ssize_t size = len(keys), at = 0, r = 0
-    cdef const char *nxt
-    while at + n + 1 < size:  # ``at`` is a separator, a name starts after it
-        if memcmp(base + at + 1, name, n) == 0 and base[at + 1 + n] == 0:
-            return r
-        nxt = <const char *>memchr(base + at + 1, 0, size - at - 1)
-        if nxt == NULL:
-            return -1
-        at = nxt - base
-        r += 1
+    cdef Py_ssize_t size = len(kh), total = len(keys), i, s
+    for i in range(size):
+        if a[i] == h:
+            s = off[i]
+            if s + n < total and base[s + n] == 0 and memcmp(base + s, name, n) == 0:
+                return i
     return -1
+
+
+def find(page, bytes name, uint32_t h):
+    """``Page.find`` of ``name``, whose key hash is ``h``."""
+    return _find(page, h, name, len(name))
+
+
+def split(page):
+    """``Page.split`` compiled: ``(leaf, keys, who, pn)`` of each digest leaf the page holds
+    keys of, in leaf order, each as a page of one leaf has it (snapshots' layout)."""
+    cdef array.array kh = page.kh, at = page.at, who = page.who, pn = page.pn
+    cdef bytes keys = page.keys
+    cdef const uint32_t *h = <const uint32_t *>kh.data.as_uints
+    cdef const uint32_t *off = <const uint32_t *>at.data.as_uints
+    cdef const uint64_t *w = <const uint64_t *>who.data.as_ulonglongs
+    cdef const uint64_t *c = <const uint64_t *>pn.data.as_ulonglongs
+    cdef const char *base = keys
+    cdef Py_ssize_t n = len(kh), m = len(who), total = len(keys), r, j, b, size
+    cdef Py_ssize_t nkeys[SPAN]
+    cdef Py_ssize_t nent[SPAN]
+    cdef Py_ssize_t nbytes[SPAN]
+    cdef Py_ssize_t kat[SPAN]  # where the next name goes in each part's keys
+    cdef Py_ssize_t eat[SPAN]  # the next entry of each part
+    cdef char *kout[SPAN]
+    cdef uint64_t *wout[SPAN]
+    cdef uint64_t *pout[SPAN]
+    cdef long leaf[SPAN]
+    cdef uint32_t *number = <uint32_t *>malloc(max(n, 1) * sizeof(uint32_t))
+    cdef uint8_t *bucket = <uint8_t *>malloc(max(n, 1))
+    if number == NULL or bucket == NULL:
+        free(number)
+        free(bucket)
+        raise MemoryError()
+    parts = []
+    try:
+        for b in range(SPAN):
+            nkeys[b] = nent[b] = 0
+            nbytes[b] = 1
+        for r in range(n):
+            b = (h[r] % _LEAVES) & (SPAN - 1)
+            leaf[b] = h[r] % _LEAVES
+            bucket[r] = <uint8_t>b
+            number[r] = <uint32_t>nkeys[b]
+            nkeys[b] += 1
+            nbytes[b] += (off[r + 1] if r + 1 < n else total) - off[r]
+        for j in range(m):
+            nent[bucket[w[j] >> 16]] += 1
+        outs = [None] * SPAN
+        for b in range(SPAN):
+            if nkeys[b]:
+                part = (leaf[b], PyBytes_FromStringAndSize(NULL, nbytes[b]),
+                        PyBytes_FromStringAndSize(NULL, 8 * nent[b]),
+                        PyBytes_FromStringAndSize(NULL, 16 * nent[b]))
+                outs[b] = part
+                parts.append(part)
+                kout[b] = PyBytes_AS_STRING(part[1])
+                kout[b][0] = 0
+                wout[b] = <uint64_t *>PyBytes_AS_STRING(part[2])
+                pout[b] = <uint64_t *>PyBytes_AS_STRING(part[3])
+                kat[b] = 1
+                eat[b] = 0
+        for r in range(n):  # each name with its separator after it
+            b = bucket[r]
+            size = (off[r + 1] if r + 1 < n else total) - off[r]
+            memcpy(kout[b] + kat[b], base + off[r], size)
+            kat[b] += size
+        for j in range(m):
+            r = <Py_ssize_t>(w[j] >> 16)
+            b = bucket[r]
+            wout[b][eat[b]] = (<uint64_t>number[r] << 16) | (w[j] & 0xFFFF)
+            pout[b][2 * eat[b]] = c[2 * j]
+            pout[b][2 * eat[b] + 1] = c[2 * j + 1]
+            eat[b] += 1
+    finally:
+        free(number)
+        free(bucket)
+    return parts
 
 
 cdef Py_ssize_t _slot(array.array who, uint64_t w) noexcept:
@@ -288,19 +377,20 @@ cdef class _Store:
             if not create:
                 return 0
             pages = self.tables[table] = {}
-        cdef long leaf = _key_hash(table, key) % _LEAVES
-        page = pages.get(leaf)
+        cdef uint32_t h = _key_hash(table, key)
+        cdef long leaf = h % _LEAVES
+        page = pages.get(leaf >> SPAN_BITS_C)
         if page is None:
             if not create:
                 return 0
-            page = pages[leaf] = Page()
+            page = pages[leaf >> SPAN_BITS_C] = Page()
         cdef Py_ssize_t nk
         cdef const char *k = PyUnicode_AsUTF8AndSize(key, &nk)
-        cdef Py_ssize_t r = _find(_field(page, _KEYS), k, nk)
+        cdef Py_ssize_t r = _find(page, h, k, nk)
         if r < 0:
             if not create:
                 return 0
-            r = page.add(key.encode())
+            r = page.add(key.encode(), h)
             self.store.keys += 1
         cdef Py_ssize_t j = _slot(_field(page, _WHO), (<uint64_t>r << 16) | <uint64_t>o)
         if j < 0:

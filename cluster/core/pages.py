@@ -2,20 +2,26 @@
 
 A Python object per counter (a dict entry, the key's ``str``, a list of pairs, a set entry for
 the digests' index) costs 300-450 bytes. A ``Page`` holds every key of one table that falls in
-one digest leaf (``cluster.core.digests.LEAVES``: about keys / 65,536 of them) in four flat
-buffers and no object per key:
+``SPAN`` consecutive digest leaves (``cluster.core.digests.LEAVES``; 4,096 pages a full table)
+in flat buffers and no object per key:
 
     keys    bytes          b"\\0k0\\0k1\\0...\\0": key number i is the i-th name
+    at      array('I')     per key: where its name starts in ``keys``
+    kh      array('I')     per key: its 32-bit key hash (``digests.key_hash``; ``% LEAVES``: leaf)
     hashes  array('Q')     per key: its entry's digest hash as last flushed (0: not indexed)
     who     array('Q')     per (key, origin) entry, sorted: key number << 16 | origin number
     pn      array('Q')     per entry: P, N
     dirty   int            bit i: key i is to be hashed whole (a store new to its digests)
 
-A key is found with one ``bytes.find`` of ``\\0name\\0`` and a count of the separators before it,
-an entry by bisecting ``who``; both run in C over a few hundred bytes. The names of a page are
-also the digest tree's index of keys by leaf, so anti-entropy's last look reads a page instead
-of a second index. Counts are unsigned 64-bit, the most the log, the wire and the snapshots
-carry (``cluster.core.ops``); a key name may not contain NUL (the API's names never do).
+A key is found by scanning ``kh`` for its hash and comparing the name at ``at`` (or, in Python,
+one ``bytes.find`` of ``\\0name\\0`` and a count of the separators before it), an entry by
+bisecting ``who``; both run in C over a few kilobytes. A page's fixed cost (~600 bytes: the
+object and its buffers' headers) is shared by the keys of ``SPAN`` leaves, ~9 bytes a counter
+at 300k counters where a page a leaf cost ~126. The pages are also the digest tree's index of
+keys by leaf (``ShardStore.leaf``). Snapshots keep a page a leaf (``split``; ``join`` puts them
+back together), the layout every release reads. Counts are unsigned 64-bit, the most the log,
+the wire and the snapshots carry (``cluster.core.ops``); a key name may not contain NUL (the
+API's names never do).
 
 Pure: no I/O, no clock.
 """
@@ -25,13 +31,25 @@ from __future__ import annotations
 import sys
 from array import array
 from bisect import bisect_left
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
+
+from cluster.core.digests import LEAVES
 
 ORIGIN_BITS = 16
 MAX_ORIGINS = 1 << ORIGIN_BITS
 _LOW = MAX_ORIGINS - 1
+SPAN_BITS = 4
+SPAN = 1 << SPAN_BITS  # digest leaves a page
+PAGES = LEAVES >> SPAN_BITS  # pages a full table
 _SEP = b"\0"
 _SWAP = sys.byteorder != "little"  # snapshots store the buffers little-endian
+if array("I").itemsize != 4:
+    raise ImportError("pages keep 32-bit key hashes and offsets in array('I')")
+
+
+def page_of(leaf: int) -> int:
+    """The page (of its table) holding the keys of digest leaf ``leaf``."""
+    return leaf >> SPAN_BITS
 
 
 def _q(raw: bytes = b"") -> array[int]:
@@ -52,37 +70,46 @@ def _raw(a: array[int]) -> bytes:
 
 
 class Page:
-    """The keys of one table in one leaf, and their (origin, P, N) entries."""
+    """The keys of one table in ``SPAN`` digest leaves, and their (origin, P, N) entries."""
 
-    __slots__ = ("keys", "hashes", "who", "pn", "dirty")
+    __slots__ = ("keys", "hashes", "who", "pn", "dirty", "at", "kh")
 
     def __init__(self) -> None:
         self.dirty = 0  # bit r: key r is to be hashed whole (a new digest index)
         self.keys = _SEP
+        self.at = array("I")
+        self.kh = array("I")
         self.hashes = _q()
         self.who = _q()
         self.pn = _q()
 
     def __len__(self) -> int:
-        return len(self.hashes)
+        return len(self.kh)
 
     def find(self, name: bytes) -> int:
-        """The key number of ``name``, -1 when the page does not hold it."""
+        """The key number of ``name``, -1 when the page does not hold it (the compiled twin
+        scans ``kh`` instead: ``cluster/core/_store.pyx``)."""
         keys = self.keys
         i = keys.find(_SEP + name + _SEP)
         return -1 if i < 0 else keys.count(_SEP, 0, i)
 
-    def add(self, name: bytes) -> int:
-        """A new key (not in the page: ``find`` first); its number."""
+    def add(self, name: bytes, h: int) -> int:
+        """A new key (not in the page: ``find`` first) of key hash ``h``; its number."""
         if _SEP in name:
             raise ValueError("a key name may not contain NUL")
+        self.at.append(len(self.keys))
         self.keys += name + _SEP
+        self.kh.append(h)
         self.hashes.append(0)
-        return len(self.hashes) - 1
+        return len(self.kh) - 1
 
     def names(self) -> list[bytes]:
         """Every key's name, by key number."""
-        return self.keys[1:-1].split(_SEP) if len(self.hashes) else []
+        return self.keys[1:-1].split(_SEP) if len(self.kh) else []
+
+    def leaf(self, r: int) -> int:
+        """Key ``r``'s digest leaf."""
+        return self.kh[r] % LEAVES
 
     def slot(self, r: int, o: int) -> int:
         """The index of key ``r``'s entry of origin ``o``; ``~j`` (negative) when it has none,
@@ -109,50 +136,101 @@ class Page:
             yield w & _LOW, pn[2 * j], pn[2 * j + 1]
             j += 1
 
-    def drop(self, gone: Collection[int]) -> int:
-        """Remove the keys numbered ``gone`` and their entries; the others are renumbered in
-        order (their hashes and marks kept). How many of the removed keys were marked."""
-        names = self.names()
-        keep = [r for r in range(len(names)) if r not in gone]
+    def _keep(self, keep: Sequence[int]) -> tuple[bytes, array[int], array[int], list[int]]:
+        """The names, entries and counts of the keys numbered ``keep`` (ascending), renumbered
+        in that order; and where each key's name starts in the new names."""
+        names, old_pn = self.names(), self.pn
         number = {r: i for i, r in enumerate(keep)}
-        who, pn, old_pn = _q(), _q(), self.pn
+        who, pn = _q(), _q()
         for j, w in enumerate(self.who):
             i = number.get(w >> ORIGIN_BITS)
             if i is not None:
                 who.append((i << ORIGIN_BITS) | (w & _LOW))
                 pn.append(old_pn[2 * j])
                 pn.append(old_pn[2 * j + 1])
+        at, size = [], 1
+        for r in keep:
+            at.append(size)
+            size += len(names[r]) + 1
+        return _SEP + b"".join(names[r] + _SEP for r in keep), who, pn, at
+
+    def drop(self, gone: Collection[int]) -> int:
+        """Remove the keys numbered ``gone`` and their entries; the others are renumbered in
+        order (their hashes and marks kept). How many of the removed keys were marked."""
+        keep = [r for r in range(len(self)) if r not in gone]
         dirty, marked = self.dirty, 0
         for i, r in enumerate(keep):
             if dirty >> r & 1:
                 marked |= 1 << i
-        self.keys = _SEP + b"".join(names[r] + _SEP for r in keep)
+        self.keys, self.who, self.pn, at = self._keep(keep)
+        self.at = array("I", at)
+        self.kh = array("I", [self.kh[r] for r in keep])
         self.hashes = array("Q", [self.hashes[r] for r in keep])
-        self.who, self.pn = who, pn
         self.dirty = marked
         return dirty.bit_count() - marked.bit_count()
 
-    def dump(self) -> list[bytes]:
-        """What a snapshot keeps of the page: its names and entries (hashes are recomputed)."""
-        return [self.keys, _raw(self.who), _raw(self.pn)]
+    def split(self) -> list[tuple[int, bytes, bytes, bytes]]:
+        """What a snapshot keeps of the page: ``(leaf, keys, who, pn)`` of each digest leaf it
+        holds keys of, in leaf order, as a page of one leaf has them (hashes are recomputed).
+        ``cluster/core/_store.pyx`` has a compiled twin."""
+        names, old_pn = self.names(), self.pn
+        leaf_of = [h % LEAVES for h in self.kh]
+        number: list[int] = []
+        count: dict[int, int] = {}
+        mine: dict[int, list[bytes]] = {}
+        for r, lf in enumerate(leaf_of):  # each key's number in its leaf's part
+            i = count.get(lf, 0)
+            number.append(i)
+            count[lf] = i + 1
+            mine.setdefault(lf, []).append(names[r])
+        whos = {lf: _q() for lf in count}
+        pns = {lf: _q() for lf in count}
+        for j, w in enumerate(self.who):
+            r = w >> ORIGIN_BITS
+            lf = leaf_of[r]
+            whos[lf].append((number[r] << ORIGIN_BITS) | (w & _LOW))
+            pns[lf].extend(old_pn[2 * j:2 * j + 2])
+        return [(lf, _SEP + b"".join(name + _SEP for name in mine[lf]), _raw(whos[lf]),
+                 _raw(pns[lf])) for lf in sorted(count)]
 
     @classmethod
-    def load(cls, keys: bytes, who: bytes, pn: bytes) -> Page:
-        if not keys.startswith(_SEP) or not keys.endswith(_SEP) or len(pn) != 2 * len(who):
-            raise ValueError("a page's keys are NUL-separated and it has one P, N per entry")
+    def join(cls, parts: Sequence[tuple[bytes, bytes, bytes]], key_hash: Callable[[bytes], int]
+             ) -> Page:
+        """A page from ``(keys, who, pn)`` of each of its leaves (``split``'s output, or the
+        page a leaf of releases before pages spanned leaves); ``key_hash`` of a name is its
+        32-bit key hash."""
         page = cls()
-        page.keys = keys
-        page.hashes = _q(bytes(8 * (keys.count(_SEP) - 1)))
-        page.who, page.pn = _q(who), _q(pn)
-        page.reset_hashes()
-        if any(w >> ORIGIN_BITS >= len(page.hashes) for w in page.who[-1:]):
-            raise ValueError("a page's entry names a key it does not hold")
+        names: list[bytes] = []
+        who, pn = page.who, page.pn
+        for keys, raw_who, raw_pn in parts:
+            if not keys.startswith(_SEP) or not keys.endswith(_SEP) \
+                    or len(raw_pn) != 2 * len(raw_who):
+                raise ValueError("a page's keys are NUL-separated and it has one P, N per entry")
+            mine = keys[1:-1].split(_SEP) if len(keys) > 1 else []
+            part = _q(raw_who)
+            if part and part[-1] >> ORIGIN_BITS >= len(mine):
+                raise ValueError("a page's entry names a key it does not hold")
+            base = len(names) << ORIGIN_BITS
+            who.extend([w + base for w in part] if base else part)
+            pn.frombytes(raw_pn)
+            names += mine
+        if _SWAP:
+            pn.byteswap()
+        page.keys = _SEP + b"".join(name + _SEP for name in names)
+        at, size = array("I"), 1
+        for name in names:
+            at.append(size)
+            size += len(name) + 1
+        page.at = at
+        page.kh = array("I", [key_hash(name) for name in names])
+        page.hashes = _q(bytes(8 * len(names)))
+        page.dirty = (1 << len(names)) - 1
         return page
 
     def reset_hashes(self) -> None:
         """Forget the flushed hashes and mark every key (a new digest index adds them all)."""
-        self.hashes = _q(bytes(8 * len(self.hashes)))
-        self.dirty = (1 << len(self.hashes)) - 1
+        self.hashes = _q(bytes(8 * len(self.kh)))
+        self.dirty = (1 << len(self.kh)) - 1
 
 
 _ZERO_PAIR = _q(bytes(16))

@@ -1,7 +1,8 @@
 """``ShardStore``'s snapshot format: its pages as msgpack chunks, and the loading of them.
 
 A snapshot is ``{"chunks": [chunk, ..., tail]}``: each chunk a msgpack list of
-``[table, leaf, keys, who, pn, ...]`` (``cluster.core.pages.Page.dump``, five fields a page),
+``[table, leaf, keys, who, pn, ...]``, five fields a digest leaf (``cluster.core.pages.Page.split``:
+a page of the store holds several leaves, the snapshot keeps the layout of a page a leaf),
 the tail ``{"own", "origins", "staged"}``, the store's origin names in number order and its
 staged copies (``ShardStore.staged_visible``). The earlier layout
 ``{"tables": {table: {key: [P0, N0, ...]}}, "origins": [...]}`` still loads. The store's methods
@@ -11,29 +12,34 @@ as its own methods would. Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import mmh3
 import msgpack
 
-from cluster.core.pages import Page
+from cluster.core.digests import LEAVES, SEED
+from cluster.core.pages import SPAN_BITS, Page
+from cluster.core.store_kernel import SPLIT
 
 
 def dump_chunks(store: Any, pages_per_chunk: int) -> Iterator[bytes]:
-    """The store as chunks, each encoding up to ``pages_per_chunk`` pages as they are when it
-    is made; then the origins, last (they only grow, so every origin a chunk names is in them).
+    """The store as chunks, each encoding up to ``pages_per_chunk`` pages (a record a leaf) as
+    they are when it is made; then the origins, last (they only grow, so every origin a chunk
+    names is in them).
     A caller may run other code between chunks: a page changed meanwhile is taken as it is then
     (``NodeState``'s snapshot relies on pairs only growing), a page created or emptied meanwhile
     is left out."""
     tables = store._tables
-    todo = [(table, leaf) for table, pages in tables.items() for leaf in pages]
+    todo = [(table, at) for table, pages in tables.items() for at in pages]
     pack = msgpack.Packer().pack
     for i in range(0, len(todo), pages_per_chunk):
         flat: list[Any] = []
-        for table, leaf in todo[i:i + pages_per_chunk]:
-            page = tables.get(table, {}).get(leaf)
+        for table, at in todo[i:i + pages_per_chunk]:
+            page = tables.get(table, {}).get(at)
             if page is not None:  # else its keys were dropped meanwhile (``ShardStore.drop``)
-                flat += (table, leaf, *page.dump())
+                for part in SPLIT(page):
+                    flat += (table, *part)
         yield pack(flat)
     # staged copies (W > 2) as they are once every page is encoded: their visible pairs, the
     # rest of their pairs hidden again on load (a page encoded earlier may lack a rise since:
@@ -53,16 +59,28 @@ def load(cls: Any, data: bytes, own: str) -> Any:
     store._origins = list(head["origins"])
     store._index = {name: i for i, name in enumerate(store._origins)}
     store._own = store._origin(own)
+    parts: dict[tuple[str, int], list[tuple[bytes, bytes, bytes]]] = {}
     for raw in chunks:
         flat = msgpack.unpackb(raw)
         for i in range(0, len(flat), 5):
             table, leaf, keys, who, pn = flat[i:i + 5]
-            page = Page.load(keys, who, pn)
-            store._tables.setdefault(table, {})[leaf] = page
-            store.keys += len(page)
+            parts.setdefault((table, leaf >> SPAN_BITS), []).append((keys, who, pn))
+        del flat
+    for (table, at), leaves in parts.items():
+        page = Page.join(leaves, _key_hash_of(table))
+        if any(h % LEAVES >> SPAN_BITS != at for h in page.kh):
+            raise ValueError(f"a snapshot's page of table {table!r} holds a key of another")
+        store._tables.setdefault(table, {})[at] = page
+        store.keys += len(page)
     store.load_staged(head.get("staged", ()))
     store._index_all()
     return store
+
+
+def _key_hash_of(table: str) -> Callable[[bytes], int]:
+    """``digests.key_hash`` of a key of ``table`` from its name's bytes."""
+    prefix = table.encode() + b"/"
+    return lambda name: mmh3.hash(prefix + name, SEED, signed=False)
 
 
 def _from_rows(cls: Any, blob: dict[str, Any], own: str) -> Any:

@@ -6,9 +6,9 @@ state never counts twice. The value is ``sum(P) - sum(N)``. Pure: no I/O, no clo
 
 ``CounterEntry`` (``cluster.core.entry``, re-exported here) is the full state of one key;
 ``ShardStore`` holds many keys compactly, with no Python object per key: each table's keys are
-packed into one ``cluster.core.pages.Page`` per digest leaf (names in one ``bytes``, entries and
-counts in arrays, origins numbered per store): ~90 bytes a counter against ~300 for a list per
-key in a dict (1M counters, one origin each, RSS of a process loading them).
+packed into one ``cluster.core.pages.Page`` per 16 digest leaves (names in one ``bytes``, key
+hashes, entries and counts in arrays, origins numbered per store): ~XX bytes a counter against
+~300 for a list per key in a dict (1M counters, one origin each, RSS of a process loading them).
 
 **Hidden deltas.** A leader raises its own pair when it applies an op, before the op is on a
 quorum. Until then the op is unpublished and must be invisible to everyone else (it may yet be
@@ -64,8 +64,8 @@ from cluster.core.digests import (
 from cluster.core.due import DueIndex
 from cluster.core.entry import FLOOR, CounterEntry, Pair, value_of
 from cluster.core.ops import ItemFields
-from cluster.core.pages import MAX_ORIGINS, ORIGIN_BITS, Page
-from cluster.core.store_kernel import KEY_HASH, install
+from cluster.core.pages import MAX_ORIGINS, ORIGIN_BITS, PAGES, SPAN_BITS, Page
+from cluster.core.store_kernel import FIND, KEY_HASH, install
 
 _U64_MAX = (1 << 64) - 1
 
@@ -76,7 +76,7 @@ _ORIGIN_MASK = MAX_ORIGINS - 1  # a page's ``who``: key number << ORIGIN_BITS | 
 class ShardStore:
     """Every key's entry on one node; ``own`` is the origin this node raises.
 
-    Keys live in ``cluster.core.pages.Page``s, one per table and digest leaf; origins are
+    Keys live in ``cluster.core.pages.Page``s, one per table and ``SPAN`` digest leaves; origins are
     numbered per store (``_origins``), at most ``MAX_ORIGINS``."""
 
     __slots__ = ("own", "_own", "_origins", "_index", "_tables", "keys", "_hidden", "_staged",
@@ -86,7 +86,7 @@ class ShardStore:
         self.own = own
         self._origins: list[str] = []
         self._index: dict[str, int] = {}
-        self._tables: dict[str, dict[int, Page]] = {}  # table -> leaf -> page
+        self._tables: dict[str, dict[int, Page]] = {}  # table -> page number -> page
         # (table, key) -> origin -> [P, N] applied here but not published (module docstring)
         self._hidden: dict[tuple[str, str], dict[str, list[int]]] = {}
         # (table, key) -> the origins whose hidden part in ``_hidden`` is a *staged* copy: a
@@ -123,12 +123,12 @@ class ShardStore:
         pages = self._tables.get(table)
         if pages is None:
             return None
-        leaf = KEY_HASH(table, key) % LEAVES
-        page = pages.get(leaf)
+        h = KEY_HASH(table, key)
+        page = pages.get(h % LEAVES >> SPAN_BITS)
         if page is None:
             return None
-        r = page.find(key.encode())
-        return None if r < 0 else (page, r, leaf)
+        r = FIND(page, key.encode(), h)
+        return None if r < 0 else (page, r, h % LEAVES)
 
     def _applied(self, table: str, key: str, origin: str
                  ) -> tuple[Page, int, int, int, int] | None:
@@ -149,14 +149,15 @@ class ShardStore:
         pages = self._tables.get(table)
         if pages is None:
             pages = self._tables[table] = {}
-        leaf = KEY_HASH(table, key) % LEAVES
-        page = pages.get(leaf)
+        h = KEY_HASH(table, key)
+        leaf = h % LEAVES
+        page = pages.get(leaf >> SPAN_BITS)
         if page is None:
-            page = pages[leaf] = Page()
+            page = pages[leaf >> SPAN_BITS] = Page()
         name = key.encode()
-        r = page.find(name)
+        r = FIND(page, name, h)
         if r < 0:
-            r = page.add(name)
+            r = page.add(name, h)
             self.keys += 1
         j = page.slot(r, o)
         if j < 0:
@@ -425,7 +426,7 @@ class ShardStore:
         pages = self._tables.get(table)
         if pages is None:
             return 0
-        gone: dict[int, dict[int, str]] = {}  # leaf -> key number -> name
+        gone: dict[int, dict[int, str]] = {}  # page number -> key number -> name
         for key in keys:
             k = (table, key)
             hidden = self._hidden.get(k)
@@ -436,19 +437,19 @@ class ShardStore:
                 self._staged.pop(k, None)
             found = self._find(table, key)
             if found is not None:
-                gone.setdefault(found[2], {})[found[1]] = key
-        for leaf, names in gone.items():
-            page = pages[leaf]
+                gone.setdefault(found[2] >> SPAN_BITS, {})[found[1]] = key
+        for at, names in gone.items():
+            page = pages[at]
             if self._tracking:
                 for r, key in names.items():
                     if page.hashes[r]:
-                        self.digests.update(table, key, leaf, page.hashes[r], 0)
+                        self.digests.update(table, key, page.leaf(r), page.hashes[r], 0)
             self._pending -= page.drop(names)
             self.keys -= len(names)
             if not len(page):
-                del pages[leaf]
+                del pages[at]
             if not page.dirty:
-                self._dirty.pop((table, leaf), None)
+                self._dirty.pop((table, at), None)
         if not pages:
             del self._tables[table]
         return sum(map(len, gone.values()))
@@ -628,11 +629,12 @@ class ShardStore:
     # -- the digests' index (``cluster.core.digests.Index``) -----------------------------------
 
     def leaf(self, table: str, leaf: int) -> list[tuple[str, int]]:
-        page = self._tables.get(table, {}).get(leaf)
+        page = self._tables.get(table, {}).get(leaf >> SPAN_BITS)
         if page is None:
             return []
-        hashes = page.hashes
-        return [(name.decode(), hashes[r]) for r, name in enumerate(page.names()) if hashes[r]]
+        hashes, kh = page.hashes, page.kh
+        return [(name.decode(), hashes[r]) for r, name in enumerate(page.names())
+                if hashes[r] and kh[r] % LEAVES == leaf]
 
     def flush_digests(self, limit: int | None = None) -> int:
         """Hash the marked keys whole into ``digests``, page by page, until at least ``limit``
@@ -640,15 +642,15 @@ class ShardStore:
         done = 0
         dirty = self._dirty
         while dirty and (limit is None or done < limit):
-            (table, leaf), page = dirty.popitem()
+            (table, _at), page = dirty.popitem()
             bits, page.dirty = page.dirty, 0
             self._pending -= bits.bit_count()
-            names = page.names()
+            names, kh = page.names(), page.kh
             while bits:
                 low = bits & -bits
                 r = low.bit_length() - 1
                 bits ^= low
-                self._rehash(table, names[r].decode(), page, r, leaf)
+                self._rehash(table, names[r].decode(), page, r, kh[r] % LEAVES)
                 done += 1
         return self._pending
 
@@ -694,10 +696,10 @@ class ShardStore:
         self._dirty.clear()
         self._pending = 0
         for table, pages in self._tables.items():
-            for leaf, page in pages.items():
+            for at, page in pages.items():
                 page.reset_hashes()
                 if page.dirty:
-                    self._dirty[(table, leaf)] = page
+                    self._dirty[(table, at)] = page
                     self._pending += len(page)
 
     def tables(self) -> Iterator[str]:
@@ -725,11 +727,10 @@ class ShardStore:
         first, last = (0, "") if after is None else after
         looked = 0
         want = prefix.encode()
-        for leaf, page in _pages_from(pages, first):
-            names = sorted(page.names())
-            start = bisect_right(names, last.encode()) if after is not None and leaf == first \
-                else 0
-            for name in names[start:]:
+        for _at, page in _pages_from(pages, first >> SPAN_BITS):
+            rows = sorted(zip([h % LEAVES for h in page.kh], page.names(), strict=True))
+            start = 0 if after is None else bisect_right(rows, (first, last.encode()))
+            for leaf, name in rows[start:]:
                 looked += 1
                 if name.startswith(want):
                     key = name.decode()
@@ -765,11 +766,12 @@ class ShardStore:
         if not pages:
             return out, None
         o = self._index.get(FLOOR)
-        for lf, page in _pages_from(pages, leaf):
+        for at, page in _pages_from(pages, leaf >> SPAN_BITS):
+            kh = page.kh
             out.extend((name.decode(), _last_at(page, r, o))
-                       for r, name in enumerate(page.names()))
+                       for r, name in enumerate(page.names()) if kh[r] % LEAVES >= leaf)
             if len(out) >= budget:
-                return out, lf + 1 if lf + 1 < LEAVES else None
+                return out, (at + 1) << SPAN_BITS if at + 1 < PAGES else None
         return out, None
 
     def keys_of(self, table: str) -> Iterator[str]:
@@ -779,7 +781,7 @@ class ShardStore:
 
     # -- snapshots (``cluster.core.shard_snapshot``) ------------------------------------------
 
-    def dump_chunks(self, pages_per_chunk: int = 4096) -> Iterator[bytes]:
+    def dump_chunks(self, pages_per_chunk: int = 256) -> Iterator[bytes]:
         """The store as msgpack chunks, a caller running other code between them."""
         return shard_snapshot.dump_chunks(self, pages_per_chunk)
 
@@ -808,17 +810,17 @@ __all__ = ["CounterEntry", "Pair", "ShardStore"]
 
 
 def _pages_from(pages: dict[int, Page], first: int) -> Iterator[tuple[int, Page]]:
-    """A table's pages from digest leaf ``first`` on, in leaf order. A table with few leaves:
-    only those it has (walking all 65,536 of them cost 15-30 ms a call); a dense one: the
-    walk, which stops where its caller does."""
-    if len(pages) * 16 < LEAVES:
-        for leaf in sorted(leaf for leaf in pages if leaf >= first):
-            yield leaf, pages[leaf]
+    """A table's pages from page number ``first`` on, in order (so in leaf order). A table
+    with few pages: only those it has; a dense one: the walk, which stops where its caller
+    does."""
+    if len(pages) * 16 < PAGES:
+        for at in sorted(at for at in pages if at >= first):
+            yield at, pages[at]
         return
-    for leaf in range(first, LEAVES):
-        page = pages.get(leaf)
+    for at in range(first, PAGES):
+        page = pages.get(at)
         if page is not None:
-            yield leaf, page
+            yield at, page
 
 
 def _last_at(page: Page, r: int, o: int | None) -> int:

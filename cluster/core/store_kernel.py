@@ -16,6 +16,7 @@ from typing import Any
 
 from cluster.core.compiled import optional
 from cluster.core.digests import key_hash, pair_hash
+from cluster.core.pages import Page
 
 ENV = "IDC_STORE_KERNEL"
 METHODS = ("merge_items", "apply_hidden", "apply_hidden_items", "unhide", "unhide_items",
@@ -49,6 +50,16 @@ _KERNEL_MODULE, REASON = _load()
 KERNEL = "c" if _KERNEL_MODULE is not None else "python"
 # the key's hash (its digest leaf): compiled when the kernel is, else ``digests.key_hash``
 KEY_HASH = _KERNEL_MODULE.key_hash if _KERNEL_MODULE is not None else key_hash
+
+
+def _find(page: Page, name: bytes, h: int) -> int:
+    return page.find(name)
+
+
+# a key's number in its page (``Page.find``; the compiled one scans the page's key hashes)
+FIND = getattr(_KERNEL_MODULE, "find", _find)
+# a page's snapshot records, a leaf each (``Page.split``): compiled when the kernel is
+SPLIT = getattr(_KERNEL_MODULE, "split", Page.split)
 
 
 def install(cls: type) -> None:
