@@ -12,6 +12,7 @@ is switched off (``IDC_STORE_KERNEL=0``).
 from __future__ import annotations
 
 import os
+from array import array
 import subprocess
 import sys
 from collections.abc import Hashable
@@ -345,6 +346,12 @@ def test_find_and_split_agree_with_python(names: list[bytes], entries: list[Any]
     for name in (*names, *probes):
         assert KERNEL.find(page, name, small_hash(name)) == page.find(name)
     assert KERNEL.split(page) == page.split()
+    for leaf in range(0x2ff, 0x311):
+        page.hashes = array("Q", [(r * 7919) % 3 for r in range(len(page))])
+        assert KERNEL.indexed(page, leaf) == page.indexed(leaf)
+        assert [name for name, _h in page.indexed(leaf)] == [
+            name for r, name in enumerate(page.names())
+            if page.hashes[r] and small_hash(name) % LEAVES == leaf]
 
 
 @settings(max_examples=200, deadline=None)

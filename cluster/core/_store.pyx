@@ -253,6 +253,23 @@ def find(page, bytes name, uint32_t h):
     return _find(page, h, name, len(name))
 
 
+def indexed(page, long leaf):
+    """``Page.indexed``: ``(name, hash)`` of each key of digest ``leaf`` with a flushed hash."""
+    cdef array.array kh = page.kh, at = page.at, hashes = page.hashes
+    cdef bytes keys = page.keys
+    cdef const uint32_t *h = <const uint32_t *>kh.data.as_uints
+    cdef const uint32_t *off = <const uint32_t *>at.data.as_uints
+    cdef const uint64_t *d = <const uint64_t *>hashes.data.as_ulonglongs
+    cdef const char *base = keys
+    cdef Py_ssize_t n = len(kh), total = len(keys), r, end
+    out = []
+    for r in range(n):
+        if h[r] % _LEAVES == leaf and d[r]:
+            end = (off[r + 1] if r + 1 < n else total) - 1
+            out.append((base[off[r]:end], d[r]))
+    return out
+
+
 def split(page):
     """``Page.split`` compiled: ``(leaf, keys, who, pn)`` of each digest leaf the page holds
     keys of, in leaf order, each as a page of one leaf has it (snapshots' layout)."""

@@ -111,6 +111,13 @@ class Page:
         """Key ``r``'s digest leaf."""
         return self.kh[r] % LEAVES
 
+    def indexed(self, leaf: int) -> list[tuple[bytes, int]]:
+        """The name and flushed digest hash of each key of digest ``leaf`` the digests index
+        (hash not 0), by key number. ``cluster/core/_store.pyx`` has a compiled twin."""
+        keys, at, hashes = self.keys, self.at, self.hashes
+        return [(keys[at[r]:keys.index(0, at[r])], hashes[r])
+                for r, h in enumerate(self.kh) if h % LEAVES == leaf and hashes[r]]
+
     def slot(self, r: int, o: int) -> int:
         """The index of key ``r``'s entry of origin ``o``; ``~j`` (negative) when it has none,
         ``j`` being where ``insert`` puts it."""

@@ -65,7 +65,7 @@ from cluster.core.due import DueIndex
 from cluster.core.entry import FLOOR, CounterEntry, Pair, value_of
 from cluster.core.ops import ItemFields
 from cluster.core.pages import MAX_ORIGINS, ORIGIN_BITS, PAGES, SPAN_BITS, Page
-from cluster.core.store_kernel import FIND, KEY_HASH, install
+from cluster.core.store_kernel import FIND, INDEXED, KEY_HASH, install
 
 _U64_MAX = (1 << 64) - 1
 
@@ -632,9 +632,7 @@ class ShardStore:
         page = self._tables.get(table, {}).get(leaf >> SPAN_BITS)
         if page is None:
             return []
-        hashes, kh = page.hashes, page.kh
-        return [(name.decode(), hashes[r]) for r, name in enumerate(page.names())
-                if hashes[r] and kh[r] % LEAVES == leaf]
+        return [(name.decode(), h) for name, h in INDEXED(page, leaf)]
 
     def flush_digests(self, limit: int | None = None) -> int:
         """Hash the marked keys whole into ``digests``, page by page, until at least ``limit``

@@ -58,6 +58,8 @@ def _find(page: Page, name: bytes, h: int) -> int:
 
 # a key's number in its page (``Page.find``; the compiled one scans the page's key hashes)
 FIND = getattr(_KERNEL_MODULE, "find", _find)
+# the digests' index of a leaf's keys (``Page.indexed``: the compiled one reads no other name)
+INDEXED = getattr(_KERNEL_MODULE, "indexed", Page.indexed)
 # a page's snapshot records, a leaf each (``Page.split``): compiled when the kernel is
 SPLIT = getattr(_KERNEL_MODULE, "split", Page.split)
 
