@@ -12,9 +12,9 @@ is switched off (``IDC_STORE_KERNEL=0``).
 from __future__ import annotations
 
 import os
-from array import array
 import subprocess
 import sys
+from array import array
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
