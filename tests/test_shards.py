@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+
+import msgpack
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -203,4 +206,20 @@ def test_a_dense_table_drops_and_reloads_to_the_same_digests() -> None:
     again = ShardStore.from_bytes(s.to_bytes(), "n1")
     again.flush_digests()
     assert again == s and again.keys == n // 2
+    assert again.digests.sums() == s.digests.sums()
+
+
+def test_a_snapshot_with_a_page_s_leaves_apart_loads() -> None:
+    """Snapshots of a page a leaf (the layout before pages spanned leaves) hold a page's leaves
+    in any order and any chunk: they load into the same store."""
+    s = _dense(5000)
+    records = [(t, *rec) for t, pages in s._tables.items() for page in pages.values()
+               for rec in page.split()]
+    random.Random(7).shuffle(records)
+    chunks = [msgpack.packb([f for rec in records[i:i + 300] for f in rec])
+              for i in range(0, len(records), 300)]
+    tail = msgpack.packb({"own": "n1", "origins": s._origins, "staged": []})
+    again = ShardStore.from_bytes(msgpack.packb({"chunks": [*chunks, tail]}), "n1")
+    again.flush_digests()
+    assert again == s and again.keys == s.keys == 5000
     assert again.digests.sums() == s.digests.sums()

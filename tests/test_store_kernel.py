@@ -372,3 +372,22 @@ def test_a_page_split_by_leaf_joins_back(names: list[bytes], entries: list[Any])
         assert list(back.entries(s)) == list(page.entries(r))
         assert back.kh[s] == small_hash(name) and back.keys.startswith(name + b"\0", back.at[s])
     assert back.dirty == (1 << len(names)) - 1 and not any(back.hashes)
+    records = [part[1:] for part in parts]
+    assert fields(KERNEL.join(records, "likes")) == fields(store_kernel._join(records, "likes"))
+
+
+def fields(page: Page) -> tuple[Any, ...]:
+    return (page.keys, page.at.tobytes(), page.kh.tobytes(), page.hashes.tobytes(),
+            page.who.tobytes(), page.pn.tobytes(), page.dirty)
+
+
+@pytest.mark.parametrize("records", [
+    [(b"a\0", b"", b"")], [(b"\0a", b"", b"")], [(b"", b"", b"")],
+    [(b"\0a\0", bytes(8), bytes(8))], [(b"\0a\0", bytes(7), bytes(14))],
+    [(b"\0a\0", (1 << 16).to_bytes(8, "little"), bytes(16))],
+    [(b"\0a\0", bytes(8), bytes(16)), (b"\0b\0", (1 << 16).to_bytes(8, "little"), bytes(16))],
+])
+def test_a_malformed_snapshot_record_is_refused_by_both(records: list[Any]) -> None:
+    for join in (KERNEL.join, store_kernel._join):
+        with pytest.raises(ValueError):
+            join(records, "likes")

@@ -132,6 +132,11 @@ cdef uint32_t _key_hash(str table, str key) except? 0:
     cdef Py_ssize_t nt, nk
     cdef const char *t = PyUnicode_AsUTF8AndSize(table, &nt)
     cdef const char *k = PyUnicode_AsUTF8AndSize(key, &nk)
+    return _name_hash(t, nt, k, nk)
+
+
+cdef uint32_t _name_hash(const char *t, Py_ssize_t nt, const char *k, Py_ssize_t nk) except? 0:
+    """The key hash of key ``k`` (UTF-8) of table ``t``."""
     cdef uint8_t stack[STACK]
     cdef Py_ssize_t n = nt + 1 + nk
     cdef uint8_t *buf = &stack[0] if n <= STACK else <uint8_t *>malloc(n)
@@ -268,6 +273,65 @@ def indexed(page, long leaf):
             end = (off[r + 1] if r + 1 < n else total) - 1
             out.append((base[off[r]:end], d[r]))
     return out
+
+
+def join(list parts, str table):
+    """``Page.join`` of ``parts`` (``(keys, who, pn)`` a leaf, a snapshot's records) for a page of
+    ``table``, whose keys' hashes it computes: no Python object a key."""
+    cdef Py_ssize_t nt
+    cdef const char *t = PyUnicode_AsUTF8AndSize(table, &nt)
+    cdef Py_ssize_t nkeys = 0, nent = 0, nbytes = 1, i, j, r = 0, e = 0, at = 1, start, size, count
+    cdef bytes keys, who, pn
+    cdef const char *k
+    cdef const uint64_t *w
+    for keys, who, pn in parts:
+        size = len(keys)
+        k = keys
+        if size < 1 or k[0] != 0 or k[size - 1] != 0 or len(who) % 8 or len(pn) != 2 * len(who):
+            raise ValueError("a page's keys are NUL-separated and it has one P, N per entry")
+        count = 0
+        for i in range(1, size):
+            count += k[i] == 0
+        w = <const uint64_t *>PyBytes_AS_STRING(who)
+        if len(who) and <Py_ssize_t>(w[len(who) // 8 - 1] >> 16) >= count:
+            raise ValueError("a page's entry names a key it does not hold")
+        nkeys += count
+        nent += len(who) // 8
+        nbytes += size - 1
+    page = Page()
+    out = PyBytes_FromStringAndSize(NULL, nbytes)
+    cdef char *o = PyBytes_AS_STRING(out)
+    o[0] = 0
+    cdef array.array offs = array.clone(page.at, nkeys, False)
+    cdef array.array hashes = array.clone(page.kh, nkeys, False)
+    cdef array.array entries = array.clone(page.who, nent, False)
+    cdef array.array counts = array.clone(page.pn, 2 * nent, False)
+    cdef uint32_t *oa = <uint32_t *>offs.data.as_uints
+    cdef uint32_t *oh = <uint32_t *>hashes.data.as_uints
+    cdef uint64_t *ow = <uint64_t *>entries.data.as_ulonglongs
+    cdef uint64_t base
+    for keys, who, pn in parts:
+        k = keys
+        size = len(keys)
+        memcpy(o + at, k + 1, size - 1)
+        base = <uint64_t>r << 16
+        start = 1
+        for i in range(1, size):
+            if k[i] == 0:
+                oa[r] = <uint32_t>(at + start - 1)
+                oh[r] = _name_hash(t, nt, k + start, i - start)
+                r += 1
+                start = i + 1
+        w = <const uint64_t *>PyBytes_AS_STRING(who)
+        for j in range(len(who) // 8):
+            ow[e + j] = w[j] + base
+        memcpy(<char *>counts.data.as_ulonglongs + 16 * e, PyBytes_AS_STRING(pn), len(pn))
+        e += len(who) // 8
+        at += size - 1
+    page.keys, page.at, page.kh, page.who, page.pn = out, offs, hashes, entries, counts
+    page.hashes = array.clone(page.hashes, nkeys, True)
+    page.dirty = (1 << nkeys) - 1
+    return page
 
 
 def split(page):

@@ -12,15 +12,14 @@ as its own methods would. Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-import mmh3
 import msgpack
 
-from cluster.core.digests import LEAVES, SEED
-from cluster.core.pages import SPAN_BITS, Page
-from cluster.core.store_kernel import SPLIT
+from cluster.core.digests import LEAVES
+from cluster.core.pages import SPAN_BITS
+from cluster.core.store_kernel import JOIN, SPLIT
 
 
 def dump_chunks(store: Any, pages_per_chunk: int) -> Iterator[bytes]:
@@ -59,28 +58,38 @@ def load(cls: Any, data: bytes, own: str) -> Any:
     store._origins = list(head["origins"])
     store._index = {name: i for i, name in enumerate(store._origins)}
     store._own = store._origin(own)
-    parts: dict[tuple[str, int], list[tuple[bytes, bytes, bytes]]] = {}
-    for raw in chunks:
-        flat = msgpack.unpackb(raw)
-        for i in range(0, len(flat), 5):
-            table, leaf, keys, who, pn = flat[i:i + 5]
-            parts.setdefault((table, leaf >> SPAN_BITS), []).append((keys, who, pn))
-        del flat
-    for (table, at), leaves in parts.items():
-        page = Page.join(leaves, _key_hash_of(table))
+    tables = store._tables
+    for table, at, parts in _pages(chunks):
+        pages = tables.setdefault(table, {})
+        if at in pages:  # its leaves were not together (a snapshot of a page a leaf)
+            parts = [record[1:] for record in SPLIT(pages[at])] + parts
+            store.keys -= len(pages[at])
+        page = pages[at] = JOIN(parts, table)
         if any(h % LEAVES >> SPAN_BITS != at for h in page.kh):
             raise ValueError(f"a snapshot's page of table {table!r} holds a key of another")
-        store._tables.setdefault(table, {})[at] = page
         store.keys += len(page)
     store.load_staged(head.get("staged", ()))
     store._index_all()
     return store
 
 
-def _key_hash_of(table: str) -> Callable[[bytes], int]:
-    """``digests.key_hash`` of a key of ``table`` from its name's bytes."""
-    prefix = table.encode() + b"/"
-    return lambda name: mmh3.hash(prefix + name, SEED, signed=False)
+def _pages(chunks: list[bytes]) -> Iterator[tuple[str, int, list[tuple[bytes, bytes, bytes]]]]:
+    """Each run of records of one page (table, page number) as the chunks hold them, decoded a
+    chunk at a time: a page's leaves are together in the snapshots ``dump_chunks`` writes, so a
+    load never holds more than a chunk of records (what it held is kept by the allocator)."""
+    run: list[tuple[bytes, bytes, bytes]] = []
+    where: tuple[str, int] | None = None
+    for raw in chunks:
+        flat = msgpack.unpackb(raw)
+        for i in range(0, len(flat), 5):
+            table, leaf, keys, who, pn = flat[i:i + 5]
+            if where != (table, leaf >> SPAN_BITS):
+                if where is not None:
+                    yield (*where, run)
+                where, run = (table, leaf >> SPAN_BITS), []
+            run.append((keys, who, pn))
+    if where is not None:
+        yield (*where, run)
 
 
 def _from_rows(cls: Any, blob: dict[str, Any], own: str) -> Any:

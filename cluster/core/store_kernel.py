@@ -14,8 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import mmh3
+
 from cluster.core.compiled import optional
-from cluster.core.digests import key_hash, pair_hash
+from cluster.core.digests import SEED, key_hash, pair_hash
 from cluster.core.pages import Page
 
 ENV = "IDC_STORE_KERNEL"
@@ -60,6 +62,15 @@ def _find(page: Page, name: bytes, h: int) -> int:
 FIND = getattr(_KERNEL_MODULE, "find", _find)
 # the digests' index of a leaf's keys (``Page.indexed``: the compiled one reads no other name)
 INDEXED = getattr(_KERNEL_MODULE, "indexed", Page.indexed)
+
+
+def _join(parts: list[tuple[bytes, bytes, bytes]], table: str) -> Page:
+    prefix = table.encode() + b"/"
+    return Page.join(parts, lambda name: mmh3.hash(prefix + name, SEED, signed=False))
+
+
+# a page of ``table`` from its leaves' snapshot records (``Page.join``)
+JOIN = getattr(_KERNEL_MODULE, "join", _join)
 # a page's snapshot records, a leaf each (``Page.split``): compiled when the kernel is
 SPLIT = getattr(_KERNEL_MODULE, "split", Page.split)
 
