@@ -201,8 +201,22 @@ def memory_rows(quick: bool) -> list[Row]:
                 f"{rows['fbf']['bytes_each']:.1f} B / {rows['exact']['bytes_each']:.0f} B", cmd)]
 
 
+def live_memory_rows(quick: bool) -> list[Row]:
+    """RSS growth of each node of 3 (RF 3) after loading counters through ``/v1/batch``."""
+    sizes = (20_000,) if quick else (300_000, 1_000_000)
+    spans = []
+    for n in sizes:
+        per = _run_json("bench.bench_scale", ["--counters", str(n), "--phases", "idle",
+                                              "--idle-seconds", "2"])["memory"]
+        got = per["bytes_per_counter"].values()
+        spans.append(f"{min(got)}-{max(got)} B at {n:,}")
+    return [Row("Memory per counter in a live node (3 nodes, RF 3; RSS growth a node after "
+                "loading them through /v1/batch)", ", ".join(spans),
+                "python -m bench.bench_scale --counters N --phases idle")]
+
+
 MEASURES: tuple[Callable[[bool], list[Row]], ...] = (fbf_rows, cluster_rows, inprocess_rows,
-                                                     memory_rows)
+                                                     memory_rows, live_memory_rows)
 
 
 # -- the page --------------------------------------------------------------------------------

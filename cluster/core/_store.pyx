@@ -5,11 +5,13 @@ batch), ``apply_hidden`` (a leader's new op) and ``unhide`` (its publication).
 
 The same data and the same results as the Python methods in ``cluster.core.shards``, which stay
 the reference (``tests/test_store_kernel.py`` runs both on the same programs): the pages'
-buffers (``cluster.core.pages``) read and written in place, a key found by walking its page's
-names, an entry by bisecting ``who``, and a changed pair's digest move (``pair_hash``: msgpack
-of ``[key, origin, P, N]``, MurmurHash3 x64 128) and the digest tree's sums done here, without
-a Python call per op. ``shards`` binds these in place of its methods when the module is built
-and agrees with its own hashes; ``IDC_STORE_KERNEL=0`` keeps the Python ones.
+buffers (``cluster.core.pages``) read and written in place, a key found by scanning its page's
+key hashes, an entry by bisecting ``who``, and a changed pair's digest move (``pair_hash``:
+msgpack of ``[key, origin, P, N]``, MurmurHash3 x64 128) and the digest tree's sums done here,
+without a Python call per op; and a page's lookup, its leaves' indexes and its snapshot records
+(``find``, ``indexed``, ``split``, ``join``: twins of ``Page``'s methods). ``shards`` binds
+these in place of its methods when the module is built and agrees with its own hashes;
+``IDC_STORE_KERNEL=0`` keeps the Python ones.
 """
 
 cimport cython

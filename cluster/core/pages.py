@@ -15,8 +15,8 @@ in flat buffers and no object per key:
 
 A key is found by scanning ``kh`` for its hash and comparing the name at ``at`` (or, in Python,
 one ``bytes.find`` of ``\\0name\\0`` and a count of the separators before it), an entry by
-bisecting ``who``; both run in C over a few kilobytes. A page's fixed cost (~600 bytes: the
-object and its buffers' headers) is shared by the keys of ``SPAN`` leaves, ~9 bytes a counter
+bisecting ``who``; both run in C over a few kilobytes. A page's fixed cost (522 bytes: the
+object and its buffers' headers) is shared by the keys of ``SPAN`` leaves, ~7 bytes a counter
 at 300k counters where a page a leaf cost ~126. The pages are also the digest tree's index of
 keys by leaf (``ShardStore.leaf``). Snapshots keep a page a leaf (``split``; ``join`` puts them
 back together), the layout every release reads. Counts are unsigned 64-bit, the most the log,

@@ -3,7 +3,9 @@
 ``cluster/core/_store.pyx`` compiles ``merge_items``, ``apply_hidden``, ``unhide``, the last
 two's batch forms (``apply_hidden_items``, ``unhide_items``) and the staged copies' merges
 (``stage_items``, ``merge_visible_items``: a write quorum above 2) over the same pages and digests
-(``pip install`` builds it where a C compiler is; ``setup.py``). The
+(``pip install`` builds it where a C compiler is; ``setup.py``), and four functions of a page:
+``FIND`` (a key's number), ``INDEXED`` (a leaf's keys for the digests), ``SPLIT`` and ``JOIN``
+(a page as a snapshot's records a leaf, and back). The
 Python methods stay the reference: ``tests/test_store_kernel.py`` runs both on the same
 programs. ``install`` binds the compiled ones in place of the Python ones when the module is
 built, its hashes agree with ``cluster.core.digests`` on this platform, and ``IDC_STORE_KERNEL``
