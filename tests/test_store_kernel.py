@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from array import array
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
@@ -215,8 +214,7 @@ def groups(store: ShardStore) -> dict[str, dict[Hashable, tuple[Any, ...]]]:
 
 
 def pages(store: ShardStore) -> dict[str, dict[int, tuple[Any, ...]]]:
-    return {t: {at: (p.keys, p.at.tobytes(), p.kh.tobytes(), p.hashes.tobytes(),
-                     p.who.tobytes(), p.pn.tobytes(), p.dirty)
+    return {t: {at: (p.keys, p.rows.tobytes(), p.who.tobytes(), p.pn.tobytes(), p.dirty)
                 for at, p in by.items()} for t, by in store._tables.items()}
 
 
@@ -347,11 +345,12 @@ def test_find_and_split_agree_with_python(names: list[bytes], entries: list[Any]
         assert KERNEL.find(page, name, small_hash(name)) == page.find(name)
     assert KERNEL.split(page) == page.split()
     for leaf in range(0x2ff, 0x311):
-        page.hashes = array("Q", [(r * 7919) % 3 for r in range(len(page))])
+        for r in range(len(page)):
+            page.set_digest(r, (r * 7919) % 3)
         assert KERNEL.indexed(page, leaf) == page.indexed(leaf)
         assert [name for name, _h in page.indexed(leaf)] == [
             name for r, name in enumerate(page.names())
-            if page.hashes[r] and small_hash(name) % LEAVES == leaf]
+            if page.digest(r) and small_hash(name) % LEAVES == leaf]
 
 
 @settings(max_examples=200, deadline=None)
@@ -370,15 +369,15 @@ def test_a_page_split_by_leaf_joins_back(names: list[bytes], entries: list[Any])
     for name in names:
         r, s = page.find(name), back.find(name)
         assert list(back.entries(s)) == list(page.entries(r))
-        assert back.kh[s] == small_hash(name) and back.keys.startswith(name + b"\0", back.at[s])
-    assert back.dirty == (1 << len(names)) - 1 and not any(back.hashes)
+        assert back.rows[2 * s] >> 32 == small_hash(name)
+        assert back.keys.startswith(name + b"\0", back.rows[2 * s] & 0xFFFFFFFF)
+    assert back.dirty == (1 << len(names)) - 1 and not any(back.rows[1::2])
     records = [part[1:] for part in parts]
     assert fields(KERNEL.join(records, "likes")) == fields(store_kernel._join(records, "likes"))
 
 
 def fields(page: Page) -> tuple[Any, ...]:
-    return (page.keys, page.at.tobytes(), page.kh.tobytes(), page.hashes.tobytes(),
-            page.who.tobytes(), page.pn.tobytes(), page.dirty)
+    return (page.keys, page.rows.tobytes(), page.who.tobytes(), page.pn.tobytes(), page.dirty)
 
 
 @pytest.mark.parametrize("records", [

@@ -68,8 +68,7 @@ cdef Py_ssize_t _slot_offset(str name) except -1:
 
 
 cdef Py_ssize_t _KEYS = _slot_offset("keys"), _WHO = _slot_offset("who")
-cdef Py_ssize_t _PN = _slot_offset("pn"), _HASHES = _slot_offset("hashes")
-cdef Py_ssize_t _KH = _slot_offset("kh"), _AT = _slot_offset("at")
+cdef Py_ssize_t _PN = _slot_offset("pn"), _ROWS = _slot_offset("rows")
 
 
 cdef inline object _field(object page, Py_ssize_t offset):
@@ -83,8 +82,7 @@ def _fields_agree():
     page.add(b"k", 7)
     page.insert(0, 0, 1)
     return (_field(page, _KEYS) is page.keys and _field(page, _WHO) is page.who
-            and _field(page, _PN) is page.pn and _field(page, _HASHES) is page.hashes
-            and _field(page, _KH) is page.kh and _field(page, _AT) is page.at)
+            and _field(page, _PN) is page.pn and _field(page, _ROWS) is page.rows)
 
 
 # -- hashes (``cluster.core.digests.key_hash`` and ``pair_hash``) ------------------------------
@@ -238,18 +236,36 @@ def pair_hash(str key, str origin, uint64_t p, uint64_t n) -> int:
 
 # -- pages (``cluster.core.pages.Page.find`` and ``slot``) ------------------------------------
 
+cdef inline uint32_t _kh(const uint64_t *rows, Py_ssize_t r) noexcept nogil:
+    """Key ``r``'s 32-bit key hash (``Page.rows``)."""
+    return <uint32_t>(rows[2 * r] >> 32)
+
+
+cdef inline Py_ssize_t _name_at(const uint64_t *rows, Py_ssize_t r) noexcept nogil:
+    """Where key ``r``'s name starts in the page's ``keys``."""
+    return <Py_ssize_t>(rows[2 * r] & 0xFFFFFFFFU)
+
+
+cdef inline Py_ssize_t _name_end(const uint64_t *rows, Py_ssize_t r, Py_ssize_t n,
+                                 Py_ssize_t total) noexcept nogil:
+    """Where key ``r``'s name ends (its separator) in ``keys``, of ``total`` bytes."""
+    return (_name_at(rows, r + 1) if r + 1 < n else total) - 1
+
+
 cdef Py_ssize_t _find(object page, uint32_t h, const char *name, Py_ssize_t n) except? -2:
     """The key number of ``name`` (key hash ``h``) in ``page``, -1 if absent
     (``Page.find``): a scan of the key hashes, the name compared where one matches."""
-    cdef array.array kh = _field(page, _KH), at = _field(page, _AT)
-    cdef bytes keys = _field(page, _KEYS)
-    cdef const uint32_t *a = <const uint32_t *>kh.data.as_uints
-    cdef const uint32_t *off = <const uint32_t *>at.data.as_uints
-    cdef const char *base = keys
-    cdef Py_ssize_t size = len(kh), total = len(keys), i, s
+    cdef array.array rows = _field(page, _ROWS)
+    cdef const uint64_t *a = <const uint64_t *>rows.data.as_ulonglongs
+    cdef Py_ssize_t size = len(rows) >> 1, i, s, total
+    cdef const char *base
+    cdef uint64_t want = <uint64_t>h << 32
     for i in range(size):
-        if a[i] == h:
-            s = off[i]
+        if (a[2 * i] & 0xFFFFFFFF00000000ULL) == want:
+            keys = _field(page, _KEYS)
+            base = PyBytes_AS_STRING(keys)
+            total = len(<bytes>keys)
+            s = _name_at(a, i)
             if s + n < total and base[s + n] == 0 and memcmp(base + s, name, n) == 0:
                 return i
     return -1
@@ -262,18 +278,15 @@ def find(page, bytes name, uint32_t h):
 
 def indexed(page, long leaf):
     """``Page.indexed``: ``(name, hash)`` of each key of digest ``leaf`` with a flushed hash."""
-    cdef array.array kh = page.kh, at = page.at, hashes = page.hashes
+    cdef array.array rows = page.rows
     cdef bytes keys = page.keys
-    cdef const uint32_t *h = <const uint32_t *>kh.data.as_uints
-    cdef const uint32_t *off = <const uint32_t *>at.data.as_uints
-    cdef const uint64_t *d = <const uint64_t *>hashes.data.as_ulonglongs
+    cdef const uint64_t *a = <const uint64_t *>rows.data.as_ulonglongs
     cdef const char *base = keys
-    cdef Py_ssize_t n = len(kh), total = len(keys), r, end
+    cdef Py_ssize_t n = len(rows) >> 1, total = len(keys), r
     out = []
     for r in range(n):
-        if h[r] % _LEAVES == leaf and d[r]:
-            end = (off[r + 1] if r + 1 < n else total) - 1
-            out.append((base[off[r]:end], d[r]))
+        if a[2 * r + 1] and _kh(a, r) % _LEAVES == leaf:
+            out.append((base[_name_at(a, r):_name_end(a, r, n, total)], a[2 * r + 1]))
     return out
 
 
@@ -304,12 +317,10 @@ def join(list parts, str table):
     out = PyBytes_FromStringAndSize(NULL, nbytes)
     cdef char *o = PyBytes_AS_STRING(out)
     o[0] = 0
-    cdef array.array offs = array.clone(page.at, nkeys, False)
-    cdef array.array hashes = array.clone(page.kh, nkeys, False)
+    cdef array.array rows = array.clone(page.rows, 2 * nkeys, True)
     cdef array.array entries = array.clone(page.who, nent, False)
     cdef array.array counts = array.clone(page.pn, 2 * nent, False)
-    cdef uint32_t *oa = <uint32_t *>offs.data.as_uints
-    cdef uint32_t *oh = <uint32_t *>hashes.data.as_uints
+    cdef uint64_t *orow = <uint64_t *>rows.data.as_ulonglongs
     cdef uint64_t *ow = <uint64_t *>entries.data.as_ulonglongs
     cdef uint64_t base
     for keys, who, pn in parts:
@@ -320,8 +331,8 @@ def join(list parts, str table):
         start = 1
         for i in range(1, size):
             if k[i] == 0:
-                oa[r] = <uint32_t>(at + start - 1)
-                oh[r] = _name_hash(t, nt, k + start, i - start)
+                orow[2 * r] = (<uint64_t>_name_hash(t, nt, k + start, i - start) << 32
+                               | <uint64_t>(at + start - 1))
                 r += 1
                 start = i + 1
         w = <const uint64_t *>PyBytes_AS_STRING(who)
@@ -330,8 +341,7 @@ def join(list parts, str table):
         memcpy(<char *>counts.data.as_ulonglongs + 16 * e, PyBytes_AS_STRING(pn), len(pn))
         e += len(who) // 8
         at += size - 1
-    page.keys, page.at, page.kh, page.who, page.pn = out, offs, hashes, entries, counts
-    page.hashes = array.clone(page.hashes, nkeys, True)
+    page.keys, page.rows, page.who, page.pn = out, rows, entries, counts
     page.dirty = (1 << nkeys) - 1
     return page
 
@@ -339,14 +349,13 @@ def join(list parts, str table):
 def split(page):
     """``Page.split`` compiled: ``(leaf, keys, who, pn)`` of each digest leaf the page holds
     keys of, in leaf order, each as a page of one leaf has it (snapshots' layout)."""
-    cdef array.array kh = page.kh, at = page.at, who = page.who, pn = page.pn
+    cdef array.array rows = page.rows, who = page.who, pn = page.pn
     cdef bytes keys = page.keys
-    cdef const uint32_t *h = <const uint32_t *>kh.data.as_uints
-    cdef const uint32_t *off = <const uint32_t *>at.data.as_uints
+    cdef const uint64_t *a = <const uint64_t *>rows.data.as_ulonglongs
     cdef const uint64_t *w = <const uint64_t *>who.data.as_ulonglongs
     cdef const uint64_t *c = <const uint64_t *>pn.data.as_ulonglongs
     cdef const char *base = keys
-    cdef Py_ssize_t n = len(kh), m = len(who), total = len(keys), r, j, b, size
+    cdef Py_ssize_t n = len(rows) >> 1, m = len(who), total = len(keys), r, j, b, size
     cdef Py_ssize_t nkeys[SPAN]
     cdef Py_ssize_t nent[SPAN]
     cdef Py_ssize_t nbytes[SPAN]
@@ -368,12 +377,12 @@ def split(page):
             nkeys[b] = nent[b] = 0
             nbytes[b] = 1
         for r in range(n):
-            b = (h[r] % _LEAVES) & (SPAN - 1)
-            leaf[b] = h[r] % _LEAVES
+            b = (_kh(a, r) % _LEAVES) & (SPAN - 1)
+            leaf[b] = _kh(a, r) % _LEAVES
             bucket[r] = <uint8_t>b
             number[r] = <uint32_t>nkeys[b]
             nkeys[b] += 1
-            nbytes[b] += (off[r + 1] if r + 1 < n else total) - off[r]
+            nbytes[b] += _name_end(a, r, n, total) + 1 - _name_at(a, r)
         for j in range(m):
             nent[bucket[w[j] >> 16]] += 1
         outs = [None] * SPAN
@@ -392,8 +401,8 @@ def split(page):
                 eat[b] = 0
         for r in range(n):  # each name with its separator after it
             b = bucket[r]
-            size = (off[r + 1] if r + 1 < n else total) - off[r]
-            memcpy(kout[b] + kat[b], base + off[r], size)
+            size = _name_end(a, r, n, total) + 1 - _name_at(a, r)
+            memcpy(kout[b] + kat[b], base + _name_at(a, r), size)
             kat[b] += size
         for j in range(m):
             r = <Py_ssize_t>(w[j] >> 16)
@@ -513,12 +522,12 @@ cdef class _Store:
         cdef Py_ssize_t nk, no
         cdef const char *k = PyUnicode_AsUTF8AndSize(key, &nk)
         cdef const char *o = PyUnicode_AsUTF8AndSize(origin, &no)
-        cdef array.array hashes = _field(<object>at.page, _HASHES)
-        cdef uint64_t *h = <uint64_t *>hashes.data.as_ulonglongs
-        cdef uint64_t old = h[at.r]
+        cdef array.array rows = _field(<object>at.page, _ROWS)
+        cdef uint64_t *h = <uint64_t *>rows.data.as_ulonglongs + 2 * at.r + 1  # its digest hash
+        cdef uint64_t old = h[0]
         cdef uint64_t new = (old + _pair_hash(k, nk, o, no, p1, n1)
                              - _pair_hash(k, nk, o, no, p0, n0))
-        h[at.r] = new
+        h[0] = new
         if self.group_of is not None or self.group is None or table != self.last_table:
             self.find_group(table, key)
         if (new != 0) != (old != 0):

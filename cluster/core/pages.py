@@ -6,22 +6,25 @@ the digests' index) costs 300-450 bytes. A ``Page`` holds every key of one table
 in flat buffers and no object per key:
 
     keys    bytes          b"\\0k0\\0k1\\0...\\0": key number i is the i-th name
-    at      array('I')     per key: where its name starts in ``keys``
-    kh      array('I')     per key: its 32-bit key hash (``digests.key_hash``; ``% LEAVES``: leaf)
-    hashes  array('Q')     per key: its entry's digest hash as last flushed (0: not indexed)
+    rows    array('Q')     per key, two words: its 32-bit key hash (``digests.key_hash``;
+                           ``% LEAVES``: its leaf) << 32 | where its name starts in ``keys``;
+                           its entry's digest hash as last flushed (0: not indexed)
     who     array('Q')     per (key, origin) entry, sorted: key number << 16 | origin number
     pn      array('Q')     per entry: P, N
     dirty   int            bit i: key i is to be hashed whole (a store new to its digests)
 
-A key is found by scanning ``kh`` for its hash and comparing the name at ``at`` (or, in Python,
+A key is found by scanning ``rows`` for its hash and comparing the name there (or, in Python,
 one ``bytes.find`` of ``\\0name\\0`` and a count of the separators before it), an entry by
-bisecting ``who``; both run in C over a few kilobytes. A page's fixed cost (522 bytes: the
-object and its buffers' headers) is shared by the keys of ``SPAN`` leaves, ~7 bytes a counter
-at 300k counters where a page a leaf cost ~126. The pages are also the digest tree's index of
-keys by leaf (``ShardStore.leaf``). Snapshots keep a page a leaf (``split``; ``join`` puts them
-back together), the layout every release reads. Counts are unsigned 64-bit, the most the log,
-the wire and the snapshots carry (``cluster.core.ops``); a key name may not contain NUL (the
-API's names never do).
+bisecting ``who``; both run in C over a few kilobytes. A key's hash, name offset and digest
+hash share a row, so a located key touches the page, its row, its name and its entry: the
+buffers a page a leaf had (in three arrays of their own, each lookup touched two memory
+areas more, and ``bench.bench_inprocess`` ran 10% slower). A page's fixed cost (346 bytes:
+the object and its buffers' headers) is shared by the keys of ``SPAN`` leaves, ~5 bytes a
+counter at 300k counters where a page a leaf cost ~126. The pages are also the digest tree's
+index of keys by leaf (``ShardStore.leaf``). Snapshots keep a page a leaf (``split``; ``join``
+puts them back together), the layout every release reads. Counts are unsigned 64-bit, the
+most the log, the wire and the snapshots carry (``cluster.core.ops``); a key name may not
+contain NUL (the API's names never do).
 
 Pure: no I/O, no clock.
 """
@@ -43,8 +46,7 @@ SPAN = 1 << SPAN_BITS  # digest leaves a page
 PAGES = LEAVES >> SPAN_BITS  # pages a full table
 _SEP = b"\0"
 _SWAP = sys.byteorder != "little"  # snapshots store the buffers little-endian
-if array("I").itemsize != 4:
-    raise ImportError("pages keep 32-bit key hashes and offsets in array('I')")
+_LOW32 = (1 << 32) - 1
 
 
 def page_of(leaf: int) -> int:
@@ -72,23 +74,21 @@ def _raw(a: array[int]) -> bytes:
 class Page:
     """The keys of one table in ``SPAN`` digest leaves, and their (origin, P, N) entries."""
 
-    __slots__ = ("keys", "hashes", "who", "pn", "dirty", "at", "kh")
+    __slots__ = ("keys", "rows", "who", "pn", "dirty")
 
     def __init__(self) -> None:
         self.dirty = 0  # bit r: key r is to be hashed whole (a new digest index)
         self.keys = _SEP
-        self.at = array("I")
-        self.kh = array("I")
-        self.hashes = _q()
+        self.rows = _q()
         self.who = _q()
         self.pn = _q()
 
     def __len__(self) -> int:
-        return len(self.kh)
+        return len(self.rows) >> 1
 
     def find(self, name: bytes) -> int:
         """The key number of ``name``, -1 when the page does not hold it (the compiled twin
-        scans ``kh`` instead: ``cluster/core/_store.pyx``)."""
+        scans the key hashes in ``rows`` instead: ``cluster/core/_store.pyx``)."""
         keys = self.keys
         i = keys.find(_SEP + name + _SEP)
         return -1 if i < 0 else keys.count(_SEP, 0, i)
@@ -97,26 +97,41 @@ class Page:
         """A new key (not in the page: ``find`` first) of key hash ``h``; its number."""
         if _SEP in name:
             raise ValueError("a key name may not contain NUL")
-        self.at.append(len(self.keys))
+        self.rows.append(h << 32 | len(self.keys))
+        self.rows.append(0)
         self.keys += name + _SEP
-        self.kh.append(h)
-        self.hashes.append(0)
-        return len(self.kh) - 1
+        return len(self) - 1
 
     def names(self) -> list[bytes]:
         """Every key's name, by key number."""
-        return self.keys[1:-1].split(_SEP) if len(self.kh) else []
+        return self.keys[1:-1].split(_SEP) if len(self.rows) else []
 
     def leaf(self, r: int) -> int:
         """Key ``r``'s digest leaf."""
-        return self.kh[r] % LEAVES
+        return (self.rows[2 * r] >> 32) % LEAVES
+
+    def leaves(self) -> list[int]:
+        """Every key's digest leaf, by key number."""
+        return [(w >> 32) % LEAVES for w in self.rows[::2]]
+
+    def digest(self, r: int) -> int:
+        """Key ``r``'s digest hash as last flushed (0: not indexed)."""
+        return self.rows[2 * r + 1]
+
+    def set_digest(self, r: int, h: int) -> None:
+        self.rows[2 * r + 1] = h
 
     def indexed(self, leaf: int) -> list[tuple[bytes, int]]:
         """The name and flushed digest hash of each key of digest ``leaf`` the digests index
         (hash not 0), by key number. ``cluster/core/_store.pyx`` has a compiled twin."""
-        keys, at, hashes = self.keys, self.at, self.hashes
-        return [(keys[at[r]:keys.index(0, at[r])], hashes[r])
-                for r, h in enumerate(self.kh) if h % LEAVES == leaf and hashes[r]]
+        keys, rows = self.keys, self.rows
+        out = []
+        for i in range(0, len(rows), 2):
+            w, d = rows[i], rows[i + 1]
+            if d and (w >> 32) % LEAVES == leaf:
+                at = w & _LOW32
+                out.append((keys[at:keys.index(0, at)], d))
+        return out
 
     def slot(self, r: int, o: int) -> int:
         """The index of key ``r``'s entry of origin ``o``; ``~j`` (negative) when it has none,
@@ -143,10 +158,11 @@ class Page:
             yield w & _LOW, pn[2 * j], pn[2 * j + 1]
             j += 1
 
-    def _keep(self, keep: Sequence[int]) -> tuple[bytes, array[int], array[int], list[int]]:
-        """The names, entries and counts of the keys numbered ``keep`` (ascending), renumbered
-        in that order; and where each key's name starts in the new names."""
-        names, old_pn = self.names(), self.pn
+    def drop(self, gone: Collection[int]) -> int:
+        """Remove the keys numbered ``gone`` and their entries; the others are renumbered in
+        order (their hashes and marks kept). How many of the removed keys were marked."""
+        names, rows, old_pn = self.names(), self.rows, self.pn
+        keep = [r for r in range(len(names)) if r not in gone]
         number = {r: i for i, r in enumerate(keep)}
         who, pn = _q(), _q()
         for j, w in enumerate(self.who):
@@ -155,24 +171,16 @@ class Page:
                 who.append((i << ORIGIN_BITS) | (w & _LOW))
                 pn.append(old_pn[2 * j])
                 pn.append(old_pn[2 * j + 1])
-        at, size = [], 1
-        for r in keep:
-            at.append(size)
-            size += len(names[r]) + 1
-        return _SEP + b"".join(names[r] + _SEP for r in keep), who, pn, at
-
-    def drop(self, gone: Collection[int]) -> int:
-        """Remove the keys numbered ``gone`` and their entries; the others are renumbered in
-        order (their hashes and marks kept). How many of the removed keys were marked."""
-        keep = [r for r in range(len(self)) if r not in gone]
         dirty, marked = self.dirty, 0
+        new, at = _q(), 1
         for i, r in enumerate(keep):
             if dirty >> r & 1:
                 marked |= 1 << i
-        self.keys, self.who, self.pn, at = self._keep(keep)
-        self.at = array("I", at)
-        self.kh = array("I", [self.kh[r] for r in keep])
-        self.hashes = array("Q", [self.hashes[r] for r in keep])
+            new.append(rows[2 * r] >> 32 << 32 | at)
+            new.append(rows[2 * r + 1])
+            at += len(names[r]) + 1
+        self.keys = _SEP + b"".join(names[r] + _SEP for r in keep)
+        self.rows, self.who, self.pn = new, who, pn
         self.dirty = marked
         return dirty.bit_count() - marked.bit_count()
 
@@ -181,7 +189,7 @@ class Page:
         holds keys of, in leaf order, as a page of one leaf has them (hashes are recomputed).
         ``cluster/core/_store.pyx`` has a compiled twin."""
         names, old_pn = self.names(), self.pn
-        leaf_of = [h % LEAVES for h in self.kh]
+        leaf_of = self.leaves()
         number: list[int] = []
         count: dict[int, int] = {}
         mine: dict[int, list[bytes]] = {}
@@ -224,20 +232,19 @@ class Page:
         if _SWAP:
             pn.byteswap()
         page.keys = _SEP + b"".join(name + _SEP for name in names)
-        at, size = array("I"), 1
+        rows, at = page.rows, 1
         for name in names:
-            at.append(size)
-            size += len(name) + 1
-        page.at = at
-        page.kh = array("I", [key_hash(name) for name in names])
-        page.hashes = _q(bytes(8 * len(names)))
+            rows.append(key_hash(name) << 32 | at)
+            rows.append(0)
+            at += len(name) + 1
         page.dirty = (1 << len(names)) - 1
         return page
 
     def reset_hashes(self) -> None:
         """Forget the flushed hashes and mark every key (a new digest index adds them all)."""
-        self.hashes = _q(bytes(8 * len(self.kh)))
-        self.dirty = (1 << len(self.kh)) - 1
+        n = len(self)
+        self.rows[1::2] = _q(bytes(8 * n))
+        self.dirty = (1 << n) - 1
 
 
 _ZERO_PAIR = _q(bytes(16))

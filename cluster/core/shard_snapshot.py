@@ -17,7 +17,6 @@ from typing import Any
 
 import msgpack
 
-from cluster.core.digests import LEAVES
 from cluster.core.pages import SPAN_BITS
 from cluster.core.store_kernel import JOIN, SPLIT
 
@@ -65,7 +64,7 @@ def load(cls: Any, data: bytes, own: str) -> Any:
             parts = [record[1:] for record in SPLIT(pages[at])] + parts
             store.keys -= len(pages[at])
         page = pages[at] = JOIN(parts, table)
-        if any(h % LEAVES >> SPAN_BITS != at for h in page.kh):
+        if any(leaf >> SPAN_BITS != at for leaf in page.leaves()):
             raise ValueError(f"a snapshot's page of table {table!r} holds a key of another")
         store.keys += len(page)
     store.load_staged(head.get("staged", ()))

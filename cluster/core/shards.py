@@ -183,9 +183,9 @@ class ShardStore:
         """``origin``'s visible pair went from (p0, n0) to (p1, n1): the key's hash, and the
         digests, move by the difference of the pair's two hashes."""
         if p0 != p1 or n0 != n1:
-            old = page.hashes[r]
+            old = page.digest(r)
             new = (old + pair_hash(key, origin, p1, n1) - pair_hash(key, origin, p0, n0)) & MASK
-            page.hashes[r] = new
+            page.set_digest(r, new)
             self.digests.update(table, key, leaf, old, new)
 
     def apply_local(self, table: str, key: str, delta: int) -> Pair:
@@ -442,8 +442,8 @@ class ShardStore:
             page = pages[at]
             if self._tracking:
                 for r, key in names.items():
-                    if page.hashes[r]:
-                        self.digests.update(table, key, page.leaf(r), page.hashes[r], 0)
+                    if page.digest(r):
+                        self.digests.update(table, key, page.leaf(r), page.digest(r), 0)
             self._pending -= page.drop(names)
             self.keys -= len(names)
             if not len(page):
@@ -643,12 +643,12 @@ class ShardStore:
             (table, _at), page = dirty.popitem()
             bits, page.dirty = page.dirty, 0
             self._pending -= bits.bit_count()
-            names, kh = page.names(), page.kh
+            names, leaves = page.names(), page.leaves()
             while bits:
                 low = bits & -bits
                 r = low.bit_length() - 1
                 bits ^= low
-                self._rehash(table, names[r].decode(), page, r, kh[r] % LEAVES)
+                self._rehash(table, names[r].decode(), page, r, leaves[r])
                 done += 1
         return self._pending
 
@@ -659,9 +659,9 @@ class ShardStore:
 
     def _rehash(self, table: str, key: str, page: Page, r: int, leaf: int) -> None:
         new = self._hash(table, key, page, r)
-        old = page.hashes[r]
+        old = page.digest(r)
         if new != old:
-            page.hashes[r] = new
+            page.set_digest(r, new)
             self.digests.update(table, key, leaf, old, new)
 
     def group_digests(self, owner: object, group_of: GroupOf | None) -> None:
@@ -726,7 +726,7 @@ class ShardStore:
         looked = 0
         want = prefix.encode()
         for _at, page in _pages_from(pages, first >> SPAN_BITS):
-            rows = sorted(zip([h % LEAVES for h in page.kh], page.names(), strict=True))
+            rows = sorted(zip(page.leaves(), page.names(), strict=True))
             start = 0 if after is None else bisect_right(rows, (first, last.encode()))
             for leaf, name in rows[start:]:
                 looked += 1
@@ -765,9 +765,9 @@ class ShardStore:
             return out, None
         o = self._index.get(FLOOR)
         for at, page in _pages_from(pages, leaf >> SPAN_BITS):
-            kh = page.kh
+            leaves = page.leaves()
             out.extend((name.decode(), _last_at(page, r, o))
-                       for r, name in enumerate(page.names()) if kh[r] % LEAVES >= leaf)
+                       for r, name in enumerate(page.names()) if leaves[r] >= leaf)
             if len(out) >= budget:
                 return out, (at + 1) << SPAN_BITS if at + 1 < PAGES else None
         return out, None
