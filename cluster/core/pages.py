@@ -16,15 +16,14 @@ in flat buffers and no object per key:
 A key is found by scanning ``rows`` for its hash and comparing the name there (or, in Python,
 one ``bytes.find`` of ``\\0name\\0`` and a count of the separators before it), an entry by
 bisecting ``who``; both run in C over a few kilobytes. A key's hash, name offset and digest
-hash share a row, so a located key touches the page, its row, its name and its entry: the
-buffers a page a leaf had (in three arrays of their own, each lookup touched two memory
-areas more, and ``bench.bench_inprocess`` ran 10% slower). A page's fixed cost (346 bytes:
-the object and its buffers' headers) is shared by the keys of ``SPAN`` leaves, ~5 bytes a
-counter at 300k counters where a page a leaf cost ~126. The pages are also the digest tree's
-index of keys by leaf (``ShardStore.leaf``). Snapshots keep a page a leaf (``split``; ``join``
-puts them back together), the layout every release reads. Counts are unsigned 64-bit, the
-most the log, the wire and the snapshots carry (``cluster.core.ops``); a key name may not
-contain NUL (the API's names never do).
+hash share a row, so a located key touches four memory areas (the page, its row, its name,
+its entry), not six (three arrays of their own cost ``bench.bench_inprocess`` 10%). A page's
+fixed cost (346 bytes: the object and its buffers' headers) is shared by the keys of ``SPAN``
+leaves, ~5 bytes a counter at 300k counters where a page a leaf cost ~126. The pages are also
+the digest tree's index of keys by leaf (``ShardStore.leaf``). Snapshots keep a page a leaf
+(``split``; ``join`` puts them back together), the layout every release reads. Counts are
+unsigned 64-bit, the most the log, the wire and the snapshots carry (``cluster.core.ops``); a
+key name may not contain NUL (the API's names never do).
 
 Pure: no I/O, no clock.
 """
@@ -47,11 +46,6 @@ PAGES = LEAVES >> SPAN_BITS  # pages a full table
 _SEP = b"\0"
 _SWAP = sys.byteorder != "little"  # snapshots store the buffers little-endian
 _LOW32 = (1 << 32) - 1
-
-
-def page_of(leaf: int) -> int:
-    """The page (of its table) holding the keys of digest leaf ``leaf``."""
-    return leaf >> SPAN_BITS
 
 
 def _q(raw: bytes = b"") -> array[int]:

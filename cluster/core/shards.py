@@ -7,7 +7,7 @@ state never counts twice. The value is ``sum(P) - sum(N)``. Pure: no I/O, no clo
 ``CounterEntry`` (``cluster.core.entry``, re-exported here) is the full state of one key;
 ``ShardStore`` holds many keys compactly, with no Python object per key: each table's keys are
 packed into one ``cluster.core.pages.Page`` per 16 digest leaves (names in one ``bytes``, key
-hashes, entries and counts in arrays, origins numbered per store): ~66 bytes a counter against
+hashes, entries and counts in arrays, origins numbered per store): ~62 bytes a counter against
 ~300 for a list per key in a dict (1M counters, one origin each, RSS of a process loading them).
 
 **Hidden deltas.** A leader raises its own pair when it applies an op, before the op is on a
