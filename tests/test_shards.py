@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import msgpack
@@ -223,3 +224,21 @@ def test_a_snapshot_with_a_page_s_leaves_apart_loads() -> None:
     again.flush_digests()
     assert again == s and again.keys == s.keys == 5000
     assert again.digests.sums() == s.digests.sums()
+
+
+def test_a_page_of_many_keys_reloads_with_every_key_in_the_digests() -> None:
+    """A page of more keys than a machine word has bits (150, across its leaves) goes through a
+    snapshot whole: every key marked for the digests, flushed to the digests the store had."""
+    names = list(itertools.islice((f"k{i}" for i in itertools.count()
+                                   if key_hash("t", f"k{i}") % LEAVES >> 4 == 5), 150))
+    assert len(names) == 150
+    s = ShardStore("n1")
+    for i, key in enumerate(names):
+        s.merge_pair("t", key, "n2", i + 1, 0)
+    s.flush_digests()
+    assert len(s._tables["t"]) == 1
+    again = ShardStore.from_bytes(s.to_bytes(), "n1")
+    assert again.digest_pending == 150
+    assert again.flush_digests() == 0
+    assert again.digests.sums() == s.digests.sums() and again.digests.indexed() == 150
+    assert again == s

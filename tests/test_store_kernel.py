@@ -309,7 +309,9 @@ def test_the_kernel_reads_a_page_s_fields_where_python_keeps_them() -> None:
 # -- a page's lookup and its snapshot records (``Page.find``, ``Page.split``) ----------------
 
 page_names = st.lists(st.binary(max_size=12).map(lambda b: b.replace(b"\0", b"z")), unique=True,
-                      max_size=40)
+                      max_size=40) | st.lists(st.binary(min_size=2, max_size=6), min_size=64,
+                                              max_size=130, unique=True).map(
+    lambda names: list(dict.fromkeys(b.replace(b"\0", b"z") for b in names)))
 
 
 def small_hash(name: bytes) -> int:
@@ -332,7 +334,7 @@ def page_of(names: list[bytes], entries: list[tuple[int, int, int, int]]) -> Pag
     return page
 
 
-page_entries = st.lists(st.tuples(st.integers(0, 39), st.integers(0, 5), counts, counts),
+page_entries = st.lists(st.tuples(st.integers(0, 129), st.integers(0, 5), counts, counts),
                         max_size=80)
 
 

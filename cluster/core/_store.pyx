@@ -342,7 +342,7 @@ def join(list parts, str table):
         e += len(who) // 8
         at += size - 1
     page.keys, page.rows, page.who, page.pn = out, rows, entries, counts
-    page.dirty = (1 << nkeys) - 1
+    page.dirty = (<object>1 << nkeys) - 1  # a Python int: one bit a key
     return page
 
 
