@@ -385,13 +385,11 @@ def split(page):
             nbytes[b] += _name_end(a, r, n, total) + 1 - _name_at(a, r)
         for j in range(m):
             nent[bucket[w[j] >> 16]] += 1
-        outs = [None] * SPAN
         for b in range(SPAN):
             if nkeys[b]:
                 part = (leaf[b], PyBytes_FromStringAndSize(NULL, nbytes[b]),
                         PyBytes_FromStringAndSize(NULL, 8 * nent[b]),
                         PyBytes_FromStringAndSize(NULL, 16 * nent[b]))
-                outs[b] = part
                 parts.append(part)
                 kout[b] = PyBytes_AS_STRING(part[1])
                 kout[b][0] = 0
