@@ -392,3 +392,15 @@ def test_a_malformed_snapshot_record_is_refused_by_both(records: list[Any]) -> N
     for join in (KERNEL.join, store_kernel._join):
         with pytest.raises(ValueError):
             join(records, "likes")
+
+
+def test_a_record_with_a_key_of_another_page_is_refused_by_both() -> None:
+    """A snapshot's records joined into page ``n`` may hold only keys of page ``n``."""
+    page = Page()
+    page.add(b"a", digests.key_hash("likes", "a"))
+    number = page.leaf(0) >> 4
+    records = [record[1:] for record in page.split()]
+    for join in (KERNEL.join, store_kernel._join):
+        assert join(records, "likes", number).names() == [b"a"]
+        with pytest.raises(ValueError, match="another page"):
+            join(records, "likes", (number + 1) % 4096)

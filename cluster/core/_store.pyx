@@ -290,9 +290,12 @@ def indexed(page, long leaf):
     return out
 
 
-def join(list parts, str table):
+def join(list parts, str table, number=None):
     """``Page.join`` of ``parts`` (``(keys, who, pn)`` a leaf, a snapshot's records) for a page of
-    ``table``, whose keys' hashes it computes: no Python object a key."""
+    ``table`` (numbered ``number``, when given), whose keys' hashes it computes: no Python
+    object a key."""
+    cdef long want = -1 if number is None else number
+    cdef uint32_t h
     cdef Py_ssize_t nt
     cdef const char *t = PyUnicode_AsUTF8AndSize(table, &nt)
     cdef Py_ssize_t nkeys = 0, nent = 0, nbytes = 1, i, j, r = 0, e = 0, at = 1, start, size, count
@@ -331,8 +334,10 @@ def join(list parts, str table):
         start = 1
         for i in range(1, size):
             if k[i] == 0:
-                orow[2 * r] = (<uint64_t>_name_hash(t, nt, k + start, i - start) << 32
-                               | <uint64_t>(at + start - 1))
+                h = _name_hash(t, nt, k + start, i - start)
+                if want >= 0 and (h % _LEAVES) >> SPAN_BITS_C != want:
+                    raise ValueError("a page's record holds a key of another page")
+                orow[2 * r] = <uint64_t>h << 32 | <uint64_t>(at + start - 1)
                 r += 1
                 start = i + 1
         w = <const uint64_t *>PyBytes_AS_STRING(who)

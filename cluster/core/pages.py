@@ -203,11 +203,11 @@ class Page:
                  _raw(pns[lf])) for lf in sorted(count)]
 
     @classmethod
-    def join(cls, parts: Sequence[tuple[bytes, bytes, bytes]], key_hash: Callable[[bytes], int]
-             ) -> Page:
+    def join(cls, parts: Sequence[tuple[bytes, bytes, bytes]], key_hash: Callable[[bytes], int],
+             number: int | None = None) -> Page:
         """A page from ``(keys, who, pn)`` of each of its leaves (``split``'s output, or the
         page a leaf of releases before pages spanned leaves); ``key_hash`` of a name is its
-        32-bit key hash."""
+        32-bit key hash. With ``number``, a key of another page than that one is refused."""
         page = cls()
         names: list[bytes] = []
         who, pn = page.who, page.pn
@@ -228,7 +228,10 @@ class Page:
         page.keys = _SEP + b"".join(name + _SEP for name in names)
         rows, at = page.rows, 1
         for name in names:
-            rows.append(key_hash(name) << 32 | at)
+            h = key_hash(name)
+            if number is not None and h % LEAVES >> SPAN_BITS != number:
+                raise ValueError("a page's record holds a key of another page")
+            rows.append(h << 32 | at)
             rows.append(0)
             at += len(name) + 1
         page.dirty = (1 << len(names)) - 1

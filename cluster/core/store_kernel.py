@@ -66,9 +66,10 @@ FIND = getattr(_KERNEL_MODULE, "find", _find)
 INDEXED = getattr(_KERNEL_MODULE, "indexed", Page.indexed)
 
 
-def _join(parts: list[tuple[bytes, bytes, bytes]], table: str) -> Page:
+def _join(parts: list[tuple[bytes, bytes, bytes]], table: str, number: int | None = None
+          ) -> Page:
     prefix = table.encode() + b"/"
-    return Page.join(parts, lambda name: mmh3.hash(prefix + name, SEED, signed=False))
+    return Page.join(parts, lambda name: mmh3.hash(prefix + name, SEED, signed=False), number)
 
 
 # a page of ``table`` from its leaves' snapshot records (``Page.join``)
