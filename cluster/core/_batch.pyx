@@ -47,11 +47,20 @@ def fast_checked(list ops, set known, Py_ssize_t max_op_id_bytes):
     return out
 
 
+cdef inline int _push(dict groups, object key, object value) except -1:
+    """``groups.setdefault(key, []).append(value)``, without a list made for a key it has."""
+    cdef PyObject *got = PyDict_GetItem(groups, key)
+    if got is NULL:
+        groups[key] = [value]
+    else:
+        (<list>got).append(value)
+    return 0
+
+
 def new_items(ops, dups, str me, now, targets_of):
-    cdef list applied = [], dup_at = [], item, group
+    cdef list applied = [], dup_at = [], item
     cdef dict groups = {}
     cdef Py_ssize_t i = 0
-    cdef PyObject *got
     for op in ops:
         if dups[i]:
             dup_at.append(i)
@@ -60,12 +69,7 @@ def new_items(ops, dups, str me, now, targets_of):
         table, key, op_id, delta, _attempt = op
         item = [op_id, table, key, me, 0, 0, delta, now]
         applied.append(item)
-        targets = targets_of(table, key)
-        got = PyDict_GetItem(groups, targets)
-        if got is NULL:
-            groups[targets] = [item]
-        else:
-            (<list>got).append(item)
+        _push(groups, targets_of(table, key), item)
         i += 1
     return applied, groups, dup_at
 
@@ -84,11 +88,7 @@ def by_leader(ops, dict cached, prefs_of, leader_of, is_live):
             leaders[prefs] = leader
         else:
             leader = <object>got
-        got = PyDict_GetItem(groups, leader)
-        if got is NULL:
-            groups[leader] = [i]
-        else:
-            (<list>got).append(i)
+        _push(groups, leader, i)
         i += 1
     return groups
 
