@@ -11,7 +11,11 @@ Measures, in one run against one cluster:
      FBF and ``none_t`` with no dedup (``--dedup fbf,none_t=none``); requests alternate;
   4. node memory: RSS of a live node after loading ``--live-counters`` distinct counters, and
      RSS of fresh processes holding 1M counters (built by writes, and loaded from a snapshot as
-     a restarted node holds them) / a window of 1M op ids (``--no-memory`` skips).
+     a restarted node holds them) / a window of 1M op ids (``--no-memory`` skips);
+  5. ``roles`` (only when named in ``--phases``): where the nodes' CPU goes by role. Every op
+     is on a key n1 leads, sent to n1 (8 connections), so n1 does all the leading and n2 and
+     n3 only replicate; user and system CPU per op of the leader and of each replica, for
+     batches of ``--batch`` and for one op a request.
 The load generator runs in this process on the same machine and competes for the same cores.
 ``--syscalls`` adds each load phase's syscalls per op (strace over the nodes' threads).
 """
@@ -50,12 +54,14 @@ def pct(values: list[float], q: float) -> float:
 
 def cpu_seconds(pids: list[int]) -> float:
     """utime + stime of the processes (all their threads), from /proc."""
+    return sum(sum(cpu_split(pid)) for pid in pids)
+
+
+def cpu_split(pid: int) -> tuple[float, float]:
+    """(utime, stime) of a process (all its threads) in seconds, from /proc."""
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / tick
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 class Load:
@@ -91,13 +97,14 @@ class Load:
         return led
 
     async def run(self, concurrency: int, seconds: float, make: Any,
-                  rate: float | None = None) -> dict[str, list[float]]:
+                  rate: float | None = None, at: int | None = None) -> dict[str, list[float]]:
         """``make(conn)`` sends one request and returns (label, ops); latencies per label.
 
         ``rate``: requests a second in all, on a fixed schedule (request i is due at
         ``start + i / rate``), each latency counted from when its request was due, so a slow
         answer that delays the next requests counts against them too (no coordinated
         omission). Without it, every worker sends its next request as soon as it has an answer.
+        ``at``: every connection goes to that node (an index of ``addrs``), not round the nodes.
         """
         lat: dict[str, list[float]] = {}
         ops = [0]
@@ -105,7 +112,7 @@ class Load:
         issued = itertools.count()
 
         async def worker(i: int) -> None:
-            conn = await HttpConn.open(*self.addrs[i % len(self.addrs)])
+            conn = await HttpConn.open(*self.addrs[i % len(self.addrs) if at is None else at])
             try:
                 while time.perf_counter() < sched[1]:
                     t0 = time.perf_counter()
@@ -218,6 +225,41 @@ async def routed_batch_phase(load: Load, args: argparse.Namespace) -> dict[str, 
 
     lat = await load.run(args.concurrency, args.seconds, make)
     return summary("batch", lat)
+
+
+ROLES_CONCURRENCY = 8
+
+
+async def roles_phase(load: Load, args: argparse.Namespace) -> dict[str, Any]:
+    """CPU per op by role: every op on a key the first node leads, sent to it, so it leads
+    every op and the other two only replicate them. For each shape (``--batch`` ops a
+    request, one op a request): ops/s, and user and system CPU per op (us) of the leader and
+    of each replica."""
+    leader = load.ids[0]
+    pids = dict(zip(load.ids, load.pids, strict=True))
+    out: dict[str, Any] = {}
+    for shape, count in (("batch", args.batch), ("single", 1)):
+        async def make(conn: HttpConn, count: int = count) -> tuple[str, int, bool]:
+            if count == 1:
+                op = load.op("fbf_t", leader)
+                body = msgpack.packb({"op_id": op["op_id"], "delta": 1})
+                status, _ = await conn.request("POST", f"/v1/counters/fbf_t/{op['key']}", body)
+            else:
+                ops = [load.op("fbf_t", leader) for _ in range(count)]
+                status, _ = await conn.request("POST", "/v1/batch",
+                                               msgpack.packb({"ops": ops}))
+            return "roles", count, status == 200
+
+        before = {n: cpu_split(pid) for n, pid in pids.items()}
+        lat = await load.run(ROLES_CONCURRENCY, args.seconds, make, at=0)
+        ops = max(lat["_ops"][0], 1.0)
+        per_op = {n: {"user": round((cpu_split(pid)[0] - before[n][0]) / ops * 1e6, 1),
+                      "sys": round((cpu_split(pid)[1] - before[n][1]) / ops * 1e6, 1)}
+                  for n, pid in pids.items()}
+        out[shape] = {"ops_per_s": round(ops / lat["_elapsed"][0]),
+                      "leader_us_per_op": per_op.pop(leader),
+                      "replica_us_per_op": per_op}
+    return out
 
 
 async def single_phase(load: Load, args: argparse.Namespace, tables: list[str],
@@ -384,6 +426,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                      for k in ("p50_ms", "mean_ms")}
             results["fbf_vs_none"] = {**cmp, "ratio": ratio}
             print("fbf vs none:", results["fbf_vs_none"], flush=True)
+        if "roles" in phases:
+            results["roles"] = await roles_phase(load, args)
+            print("by role (one leader):", results["roles"], flush=True)
         results["errors"] = load.errors
         if "live" in phases and args.live_counters:
             secs = await load_counters(cluster, args.live_counters)
@@ -417,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="distinct counters to load into the live cluster (0: skip)")
     ap.add_argument("--phases", default="batch,routed,single,single_routed,compare,live,memory",
                     help="comma-separated subset of batch,routed,single,single_routed,compare,"
-                         "live,memory")
+                         "live,memory, and roles (not run by default: CPU per op by role)")
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--syscalls", action="store_true",
                     help="count the nodes' syscalls per op with strace in the middle third of "

@@ -124,3 +124,24 @@ def test_bench_app_counts_every_acknowledged_op_once(tmp_path: Path) -> None:
     assert ours["counted"] == ours["ops"]
     if "redis" in results:  # where redis-server is installed, the same check of its side
         assert results["redis"]["counted"] == results["redis"]["ops"] > 0
+
+
+@pytest.mark.timeout(120)
+def test_bench_cluster_splits_cpu_by_role(tmp_path: Path) -> None:
+    """``--phases roles``: every op led by the first node, the other two only replicating;
+    the leader's CPU and each replica's, for both shapes, from a real cluster."""
+    out = tmp_path / "roles.json"
+    done = subprocess.run([sys.executable, "-m", "bench.bench_cluster", "--quick", "--phases",
+                           "roles", "--seconds", "1", "--json", str(out)], cwd=ROOT,
+                          timeout=110, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    roles = json.loads(out.read_text())["roles"]
+    assert json.loads(out.read_text())["errors"] == 0
+    for shape in ("batch", "single"):
+        got = roles[shape]
+        assert got["ops_per_s"] > 0
+        assert set(got["replica_us_per_op"]) == {"n2", "n3"}
+        # the leader does the edge's work and its own apply besides what a replica does
+        leader = got["leader_us_per_op"]["user"] + got["leader_us_per_op"]["sys"]
+        for replica in got["replica_us_per_op"].values():
+            assert 0 < replica["user"] + replica["sys"] < leader
