@@ -103,7 +103,9 @@ async def ours_phase(args: argparse.Namespace) -> dict[str, Any]:
     prof = cProfile.Profile() if args.profile else None
     async with LocalCluster(3, rf=3, extra_args=extra, secret=True) as cluster:
         pids = [n.proc.pid for n in cluster.nodes.values() if n.proc]
-        client = CounterClient(cluster.urls)
+        client = CounterClient(cluster.urls, **({} if args.max_batches_in_flight is None else
+                                                {"max_batches_in_flight":
+                                                 args.max_batches_in_flight}))
         await client.start()
         try:
             keys = args.keys
@@ -229,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--profile", default=None,
                     help="write cProfile stats of ours' load phase (this process) here")
+    ap.add_argument("--max-batches-in-flight", type=int, default=None,
+                    help="the SDK's setting of that name (default: its default); 0 gives the "
+                         "fixed batch window of releases before 0.6.0")
     ap.add_argument("--quick", action="store_true", help="1 s phases, 64 coroutines")
     args = ap.parse_args(argv)
     if args.quick:

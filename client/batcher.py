@@ -1,5 +1,12 @@
-"""Automatic batching: ops issued within ``interval`` seconds leave together as one /v1/batch,
-in the order each key's adds and deletes were issued.
+"""Automatic batching: ops leave together as one /v1/batch, in the order each key's adds and
+deletes were issued.
+
+When a batch leaves, it adapts to the load (``max_in_flight`` > 0, the SDK's default): while
+fewer than ``max_in_flight`` batches are out, what was issued goes at the end of the loop turn
+it was issued in, so a lone op waits for nobody; once that many are out, ops gather until one
+of them ends (or ``max_wait`` passes: a batch stuck in its retries holds no one longer than an
+attempt), so batches grow with the load and the nodes' cost per op falls. With
+``max_in_flight`` 0, ops issued within ``interval`` seconds leave together, whatever is out.
 
 With ``coalesce``, adds to the same key inside one batch window merge into one op with one op id
 (the "delayed batched requests" of seed 003): fewer ids and smaller batches, at the price that
@@ -208,18 +215,21 @@ class Batcher:
 
     def __init__(self, new_op: NewOp, run: RunOps, *, interval: float, max_ops: int,
                  coalesce: bool, on_coalesce: Callable[[], None],
-                 stats: ClientStats | None = None) -> None:
+                 stats: ClientStats | None = None, max_in_flight: int = 0,
+                 max_wait: float = 1.0) -> None:
         self._new_op = new_op
         self._run = run
         self.interval = interval
         self.max_ops = max_ops
+        self.max_in_flight = max_in_flight
+        self.max_wait = max_wait
         self.coalesce = coalesce
         self._on_coalesce = on_coalesce
         self.stats = stats if stats is not None else ClientStats()
         self.order = KeyOrder()
         self._ops: list[PendingOp] = []
         self._by_key: dict[Key, PendingOp] = {}
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None  # the flush to come
         self._tasks: dict[asyncio.Future[None], list[PendingOp]] = {}
 
     def add(self, table: str, key: str, delta: int, *,
@@ -282,7 +292,13 @@ class Batcher:
         if len(self._ops) >= self.max_ops:
             self.flush()
         elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self.interval, self.flush)
+            loop = asyncio.get_running_loop()
+            if not self.max_in_flight:
+                self._timer = loop.call_later(self.interval, self.flush)
+            elif len(self._tasks) < self.max_in_flight:  # a batch may leave now
+                self._timer = loop.call_soon(self.flush)
+            else:  # gather until a batch ends (``_task_done``)
+                self._timer = loop.call_later(self.max_wait, self.flush)
 
     def _start_batch(self, items: Sequence[tuple[str, str, int]],
                      futs: list[asyncio.Future[AddResult]], run: RunOps) -> None:
@@ -310,6 +326,8 @@ class Batcher:
         # an op whose task was cancelled before it could start never heard of it
         for op in self._tasks.pop(task, ()):
             op.give_up(self.stats, closing=True)
+        if self.max_in_flight and self._ops and len(self._tasks) < self.max_in_flight:
+            self.flush()  # what gathered while every batch was out
 
     def flush(self) -> None:
         if self._timer is not None:

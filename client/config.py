@@ -18,8 +18,13 @@ Every field, its default and its constraint (durations are float seconds):
     assumed_window = 5.0    window used until a node's /v1/health has told the real one; > 0
     backoff_interval = 0.02 first retry's backoff ceiling; later ones double; > 0
     max_backoff_interval = 0.5   the ceiling's ceiling (full jitter below it); >= backoff_interval
-    batch_interval = 0.002  ops issued within this many seconds go out as one /v1/batch;
-                            0 sends each op on its own; >= 0
+    batch_interval = 0.002  0 sends each op on its own; with ``max_batches_in_flight`` 0, ops
+                            issued within this many seconds go out as one /v1/batch; >= 0
+    max_batches_in_flight = 2   batches out at once (each one request per leader): while fewer
+                            are out, ops go at the end of the loop turn they were issued in (a
+                            lone op waits for nobody); once that many are out, ops gather until
+                            one ends, or ``attempt_timeout`` passes, so batches grow with the
+                            load; 0: a batch every ``batch_interval`` instead; >= 0
     max_batch_ops = 500     ops per batch request; >= 1
     coalesce = False        merge adds to the same key within a batch window into one op (one
                             op id): fewer ids, coarser outcomes
@@ -76,6 +81,7 @@ class ClientConfig:
     backoff_interval: float = 0.02
     max_backoff_interval: float = 0.5
     batch_interval: float = 0.002
+    max_batches_in_flight: int = 2
     max_batch_ops: int = 500
     coalesce: bool = False
     discover: bool = True
@@ -112,6 +118,9 @@ class ClientConfig:
         for name in ("seq_block", "max_batch_ops", "max_connections"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if type(self.max_batches_in_flight) is not int or self.max_batches_in_flight < 0:
+            raise ConfigurationError("max_batches_in_flight: must be an integer >= 0, got "
+                                     f"{self.max_batches_in_flight!r}")
 
     def budget(self, window: float, skew: float = 0.0) -> float:
         """Seconds one op may spend on retries: its total timeout, kept inside ``window``, and

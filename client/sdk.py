@@ -76,7 +76,9 @@ class CounterClient:
         self.batcher = Batcher(self._new_op, self._run_routed, interval=interval,
                                max_ops=config.max_batch_ops if interval > 0 else 1,
                                coalesce=config.coalesce and interval > 0,
-                               on_coalesce=self._count_coalesced, stats=self.stats)
+                               on_coalesce=self._count_coalesced, stats=self.stats,
+                               max_in_flight=config.max_batches_in_flight,
+                               max_wait=config.attempt_timeout)
         self._max_reads: dict[str, int] = {}  # node URL -> the max_reads it advertised
         self.opids: OpIdSource | None = None
         self._health_task: asyncio.Task[None] | None = None
