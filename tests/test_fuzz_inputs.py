@@ -35,6 +35,7 @@ from hypothesis import strategies as st
 import cluster.wal as wal
 import cluster.wal.files as wal_files
 from cluster.core.errors import BadRequest
+from cluster.core.versions import FormatError
 from cluster.edge.validate import check_batch, check_op, decode_body
 from cluster.wal import DurableLog, LogCorruptError, LogError, LogRecord
 
@@ -580,6 +581,11 @@ def test_a_damaged_snapshot_is_refused_or_replaced_by_the_log_it_covers(
                 (d / f"log-{s:08d}.wal").write_bytes(covered if s == 1 else b"")
         try:
             loaded, replayed = recover(d)
+        except FormatError:  # a flipped bit in its version field: a later release's file,
+            # as far as this node can tell, which it never reads past nor replaces
+            event("refused: a later version")
+            assert snap.read_bytes() == bytes(raw), "a later release's snapshot was touched"
+            return
         except LogError:
             event("refused")
             assert not keep_covered, "the covered segments were there to fall back on"
