@@ -54,13 +54,24 @@ odd_op = st.one_of(
     st.lists(st.integers(), max_size=4), st.none(), st.text(max_size=3))
 
 
+counts = st.one_of(st.integers(min_value=-2, max_value=10_000),
+                   st.sampled_from([INT64 - 1, INT64, -INT64]), st.booleans(), st.none(),
+                   st.floats(allow_nan=False, max_value=1e4, min_value=-1e4))
+sdk_op = st.fixed_dictionaries(
+    {"table": names, "key": names, "op_id": ids, "delta": deltas},
+    optional={"attempt": counts, "age_ms": counts, "ts_ms": counts, "op": st.just("delete")})
+clock = st.tuples(st.integers(min_value=0, max_value=20_000), st.integers(0, 2_000),
+                  st.one_of(st.none(), st.integers(0, 10_000)))
+
+
 @settings(max_examples=400, deadline=None)
-@given(ops=st.lists(st.one_of(good_op, odd_op), max_size=12),
-       most=st.integers(min_value=0, max_value=12))
-def test_the_edge_check_agrees(ops: list[Any], most: int) -> None:
+@given(ops=st.lists(st.one_of(good_op, odd_op, sdk_op), max_size=12),
+       most=st.integers(min_value=0, max_value=12), at=clock)
+def test_the_edge_check_agrees(ops: list[Any], most: int, at: tuple[int, int, int | None]
+                               ) -> None:
     known = set(NAMES)
-    assert _outcome(C.fast_checked, ops, known, most) == _outcome(PY["fast_checked"], ops,
-                                                                  known, most)
+    assert _outcome(C.fast_checked, ops, known, most, *at) == _outcome(
+        PY["fast_checked"], ops, known, most, *at)
 
 
 def test_the_edge_check_takes_the_common_shape_only() -> None:
@@ -74,6 +85,43 @@ def test_the_edge_check_takes_the_common_shape_only() -> None:
            {"table": "t", "key": "k", "op_id": "c:123456789", "delta": 1}]  # too long
     for fn in (C.fast_checked, PY["fast_checked"]):
         assert fn(ops, {"t", "k"}, 8) == [("t", "k", "c:1", -5, 1, 0)] + [None] * 6
+
+
+
+def test_the_edge_check_takes_what_the_sdk_sends() -> None:
+    """An op with attempt, age_ms and ts_ms (any of them): checked in the fast pass, with the
+    full check's meaning; an unknown field or a bad value still goes to the full check."""
+    sdk = {"table": "t", "key": "k", "op_id": "c:1", "delta": 2}
+    ops = [{**sdk, "attempt": 1, "age_ms": 3, "ts_ms": 9_000},  # ts says 1,000 ms: age 0 after skew
+           {**sdk, "attempt": 1, "age_ms": 3, "ts_ms": 5_000},  # 5,000 ms, less 1,000 of skew
+           {**sdk, "attempt": 3},
+           {**sdk, "age_ms": 8_000},  # older than stale_after_ms: counted as a retry
+           {**sdk, "attempt": 0},
+           {**sdk, "age_ms": -1},
+           {**sdk, "ts_ms": True},
+           {**sdk, "attempt": None},
+           {**sdk, "age_ms": 1, "extra": 1},
+           {**sdk, "op": "delete"}]
+    for fn in (C.fast_checked, PY["fast_checked"]):
+        assert fn(ops, {"t", "k"}, 8, 10_000, 1_000, 7_000) == [
+            ("t", "k", "c:1", 2, 1, 3), ("t", "k", "c:1", 2, 1, 4_000),
+            ("t", "k", "c:1", 2, 3, 0), ("t", "k", "c:1", 2, 2, 8_000)] + [None] * 6
+
+
+@settings(max_examples=300, deadline=None)
+@given(op=sdk_op, at=clock)
+def test_the_fast_edge_check_means_what_the_full_one_does(
+        op: dict[str, Any], at: tuple[int, int, int | None]) -> None:
+    """Whatever the fast pass lets through, the full check (``cluster.edge.validate``) gives
+    the same checked op for, on the same clock."""
+    from cluster.edge.validate import _check_batch_op
+
+    now_ms, skew_ms, stale_after_ms = at
+    for fn in (C.fast_checked, PY["fast_checked"]):
+        (fast,) = fn([op], set(NAMES), 8, now_ms, skew_ms, stale_after_ms)
+        if fast is not None:
+            assert fast == _check_batch_op(op, 0, 8, skew_ms, stale_after_ms, 8,
+                                           lambda: (now_ms + 0.5) / 1000)
 
 
 # -- the leader's items, hold and release -------------------------------------------------------

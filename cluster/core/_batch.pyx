@@ -27,22 +27,52 @@ cdef inline bint _printable_ascii(str s, Py_ssize_t most):
     return True
 
 
-def fast_checked(list ops, set known, Py_ssize_t max_op_id_bytes):
+cdef inline bint _int_at_least(object value, object lo):
+    return type(value) is int and lo <= value <= _INT64_MAX
+
+
+def fast_checked(list ops, set known, Py_ssize_t max_op_id_bytes, now_ms=0, skew_ms=0,
+                 stale_after_ms=None):
     cdef list out = []
-    cdef object op, table, key, op_id, delta
+    cdef object op, table, key, op_id, delta, attempt, age_ms, ts_ms, stale_ms, elapsed
     cdef dict d
+    cdef Py_ssize_t n, fields
     for op in ops:
         if type(op) is dict:
             d = <dict>op
-            if len(d) == 4:
+            n = len(d)
+            if 4 <= n <= 7:
                 table, key, op_id, delta = d.get("table"), d.get("key"), d.get("op_id"), \
                     d.get("delta")
                 if (type(table) is str and table in known and type(key) is str
                         and key in known and type(op_id) is str
                         and _printable_ascii(<str>op_id, max_op_id_bytes)
                         and type(delta) is int and _INT64_MIN <= delta <= _INT64_MAX):
-                    out.append((table, key, op_id, delta, 1, 0))
-                    continue
+                    if n == 4:
+                        out.append((table, key, op_id, delta, 1, 0))
+                        continue
+                    attempt, age_ms, ts_ms = d.get("attempt"), d.get("age_ms"), d.get("ts_ms")
+                    fields = 4 + (attempt is not None) + (age_ms is not None) + \
+                        (ts_ms is not None)
+                    if (fields == n and (attempt is None or _int_at_least(attempt, 1))
+                            and (age_ms is None or _int_at_least(age_ms, 0))
+                            and (ts_ms is None or _int_at_least(ts_ms, 0))):
+                        if attempt is None:
+                            attempt = 1
+                        if age_ms is None:
+                            age_ms = 0
+                        stale_ms = age_ms
+                        if ts_ms is not None:
+                            elapsed = now_ms - ts_ms
+                            if elapsed - skew_ms > age_ms:
+                                age_ms = elapsed - skew_ms
+                            if elapsed > stale_ms:
+                                stale_ms = elapsed
+                        if stale_after_ms is not None and stale_ms > stale_after_ms \
+                                and attempt < 2:
+                            attempt = 2
+                        out.append((table, key, op_id, delta, attempt, age_ms))
+                        continue
         out.append(None)
     return out
 

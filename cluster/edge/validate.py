@@ -158,9 +158,11 @@ def check_batch(body: Any, *, max_ops: int, max_op_id_bytes: int,
     if len(ops) > max_ops:
         raise BadRequest(f"ops: at most {max_ops} ops per batch, got {len(ops)}",
                          code="batch_too_large")
-    # the common shape is checked in one call (``batch_kernel.fast_checked``, compiled where
-    # built); an op it leaves out (None) takes the full check, which says what is wrong
-    out = fast_checked(ops, KNOWN_NAMES, max_op_id_bytes)
+    # the common shapes (the SDK's included) are checked in one call
+    # (``batch_kernel.fast_checked``, compiled where built); an op it leaves out (None) takes
+    # the full check, which says what is wrong
+    out = fast_checked(ops, KNOWN_NAMES, max_op_id_bytes, int(clock() * 1000),
+                       max_clock_skew_ms, stale_after_ms)
     for i, checked in enumerate(out):
         if checked is None:
             out[i] = _check_batch_op(ops[i], i, max_op_id_bytes, max_clock_skew_ms,
