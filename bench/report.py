@@ -175,6 +175,21 @@ def cluster_rows(quick: bool) -> list[Row]:
     ]
 
 
+def app_rows(quick: bool) -> list[Row]:
+    """The application shape: one SDK client shared by 256 coroutines (``bench_app``), against
+    redis-py doing the same where redis-server is installed."""
+    args = ["--quick"] if quick else []
+    out = _run_json("bench.bench_app", args)
+    ours = out["ours"]
+    cmd = "python -m bench.bench_app" + (" --quick" if quick else "")
+    against = (f"; Redis the same way {_k(out['redis']['ops_per_s'])} ops/s, ours / Redis "
+               f"{out['ratio_ops_per_s']}x" if "redis" in out else "")
+    return [Row(f"One SDK client shared by {out['config']['coroutines']} coroutines, each "
+                "awaiting one increment at a time (the SDK batches them by leader)",
+                f"{_k(ours['ops_per_s'])} ops/s, {ours['ops_per_request']} ops a request, "
+                f"p99 {ours['p99_ms']:.1f} ms{against}", cmd)]
+
+
 def inprocess_rows(quick: bool) -> list[Row]:
     args = ["--quick"] if quick else []
     out = _run_json("bench.bench_inprocess", args)
@@ -215,8 +230,9 @@ def live_memory_rows(quick: bool) -> list[Row]:
                 "python -m bench.bench_scale --counters N --phases idle")]
 
 
-MEASURES: tuple[Callable[[bool], list[Row]], ...] = (fbf_rows, cluster_rows, inprocess_rows,
-                                                     memory_rows, live_memory_rows)
+MEASURES: tuple[Callable[[bool], list[Row]], ...] = (fbf_rows, cluster_rows, app_rows,
+                                                     inprocess_rows, memory_rows,
+                                                     live_memory_rows)
 
 
 # -- the page --------------------------------------------------------------------------------
