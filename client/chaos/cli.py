@@ -130,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--total-timeout", type=float, default=10.0,
                    help="per op; clipped to the cluster's advertised window")
     w.add_argument("--batch-interval", type=float, default=0.002)
+    w.add_argument("--max-batches-in-flight", type=int, default=2,
+                   help="the SDK's setting: batches out at once per client before ops gather "
+                        "(0: a batch every --batch-interval)")
     w.add_argument("--coalesce", action="store_true")
     w.add_argument("--no-age", action="store_true",
                    help="do not send age_ms (nodes then never answer op_expired; needed "
@@ -173,6 +176,7 @@ def config_from_args(args: argparse.Namespace) -> ChaosConfig:
                         read_consistency=args.read_consistency,
                         attempt_timeout=args.attempt_timeout,
                         total_timeout=args.total_timeout, batch_interval=args.batch_interval,
+                        max_batches_in_flight=args.max_batches_in_flight,
                         coalesce=args.coalesce, send_age=not args.no_age,
                         table=args.table or ("chaos" if not urls else
                                              f"chaos-{secrets.token_hex(4)}"))

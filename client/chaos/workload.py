@@ -79,6 +79,7 @@ class WorkloadConfig:
     attempt_timeout: float = 0.5
     total_timeout: float = 10.0
     batch_interval: float = 0.002
+    max_batches_in_flight: int = 2
     coalesce: bool = False
     send_age: bool = True
 
@@ -151,6 +152,7 @@ class Workload:
                 nodes=self.urls, client_id=f"chaos{i}-{self.rng.randrange(1 << 30):x}",
                 discover=False, attempt_timeout=cfg.attempt_timeout,
                 total_timeout=cfg.total_timeout, batch_interval=cfg.batch_interval,
+                max_batches_in_flight=cfg.max_batches_in_flight,
                 coalesce=cfg.coalesce, send_age=cfg.send_age,
                 rng=random.Random(self.rng.random()))
             self.clients.append(client)
