@@ -1,12 +1,16 @@
 """Automatic batching: ops leave together as one /v1/batch, in the order each key's adds and
 deletes were issued.
 
-When a batch leaves, it adapts to the load (``max_in_flight`` > 0, the SDK's default): while
-fewer than ``max_in_flight`` batches are out, what was issued goes at the end of the loop turn
-it was issued in, so a lone op waits for nobody; once that many are out, ops gather until one
-of them ends (or ``max_wait`` passes: a batch stuck in its retries holds no one longer than an
-attempt), so batches grow with the load and the nodes' cost per op falls. With
-``max_in_flight`` 0, ops issued within ``interval`` seconds leave together, whatever is out.
+Ops are queued by their key's leader (``route``), a lane each, and each lane's batch is one
+request to that leader. When it leaves adapts to the load (``max_in_flight`` > 0, the SDK's
+default): while fewer than ``max_in_flight`` of the lane's batches are out, what was issued goes
+at the end of the loop turn it was issued in, so a lone op waits for nobody; once that many are
+out, the lane's ops gather until one of them ends, so batches grow with the load and the nodes'
+cost per op falls. They wait at most twice as long as the lane's batches have lately taken (at
+least ``interval``, at most ``max_wait``): a batch stuck in its retries holds the lane's new ops
+back for a few round trips, not for its whole attempt, and a slow node holds back only the ops
+it leads. With ``max_in_flight`` 0, a
+lane's ops issued within ``interval`` seconds leave together, whatever is out.
 
 With ``coalesce``, adds to the same key inside one batch window merge into one op with one op id
 (the "delayed batched requests" of seed 003): fewer ids and smaller batches, at the price that
@@ -22,6 +26,7 @@ their keys.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -34,6 +39,8 @@ INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 Key = tuple[str, str]
 NewOp = Callable[[str, str, int, str], PendingOp]
 RunOps = Callable[[list[PendingOp]], Awaitable[None]]
+RunTo = Callable[[list[PendingOp], "str | None"], Awaitable[None]]  # ops, their leader
+Route = Callable[[str, str], "str | None"]  # a key's leader (a node URL), None: any node
 
 
 class Parked:
@@ -210,15 +217,32 @@ def _nothing() -> None:
     pass
 
 
-class Batcher:
-    """Queues ops for the next batch; ``order`` keeps each key's adds and deletes in order."""
+class _Lane:
+    """The ops queued for one leader (a node URL, or None: any node) and its batches out."""
 
-    def __init__(self, new_op: NewOp, run: RunOps, *, interval: float, max_ops: int,
+    __slots__ = ("leader", "ops", "by_key", "timer", "flying", "took")
+
+    def __init__(self, leader: str | None) -> None:
+        self.leader = leader
+        self.ops: list[PendingOp] = []
+        self.by_key: dict[Key, PendingOp] = {}  # coalesce: the queued add of each key
+        self.timer: asyncio.Handle | None = None  # the flush to come
+        self.flying = 0  # its batches out
+        self.took = 0.0  # how long its batches take, seconds (a moving average)
+
+
+class Batcher:
+    """Queues ops for the next batch to their key's leader (``route``); ``order`` keeps each
+    key's adds and deletes in order. Each leader's ops leave on their own schedule (a lane
+    each), so a slow node holds back only the ops it leads."""
+
+    def __init__(self, new_op: NewOp, run: RunTo, *, interval: float, max_ops: int,
                  coalesce: bool, on_coalesce: Callable[[], None],
                  stats: ClientStats | None = None, max_in_flight: int = 0,
-                 max_wait: float = 1.0) -> None:
+                 max_wait: float = 1.0, route: Route | None = None) -> None:
         self._new_op = new_op
         self._run = run
+        self._route = route
         self.interval = interval
         self.max_ops = max_ops
         self.max_in_flight = max_in_flight
@@ -227,9 +251,7 @@ class Batcher:
         self._on_coalesce = on_coalesce
         self.stats = stats if stats is not None else ClientStats()
         self.order = KeyOrder()
-        self._ops: list[PendingOp] = []
-        self._by_key: dict[Key, PendingOp] = {}
-        self._timer: asyncio.Handle | None = None  # the flush to come
+        self._lanes: dict[str | None, _Lane] = {}
         self._tasks: dict[asyncio.Future[None], list[PendingOp]] = {}
 
     def add(self, table: str, key: str, delta: int, *,
@@ -275,9 +297,17 @@ class Batcher:
         else:
             self._queue(table, key, delta, delete, fut)
 
+    def _lane(self, table: str, key: str) -> _Lane:
+        leader = self._route(table, key) if self._route is not None else None
+        lane = self._lanes.get(leader)
+        if lane is None:
+            lane = self._lanes[leader] = _Lane(leader)
+        return lane
+
     def _queue(self, table: str, key: str, delta: int, delete: bool,
                fut: asyncio.Future[AddResult]) -> None:
-        op = self._by_key.get((table, key)) if self.coalesce and not delete else None
+        lane = self._lane(table, key)
+        op = lane.by_key.get((table, key)) if self.coalesce and not delete else None
         if op is not None and INT64_MIN <= op.delta + delta <= INT64_MAX:
             op.delta += delta
             op.coalesced += 1
@@ -285,20 +315,22 @@ class Batcher:
         else:
             op = self._new_op(table, key, 0 if delete else delta, DELETE if delete else ADD)
             op.on_finish = self._ended
-            self._ops.append(op)
+            lane.ops.append(op)
             if self.coalesce and not delete:
-                self._by_key[(table, key)] = op
+                lane.by_key[(table, key)] = op
         op.waiters.append(fut)
-        if len(self._ops) >= self.max_ops:
-            self.flush()
-        elif self._timer is None:
+        if len(lane.ops) >= self.max_ops:
+            self._flush(lane)
+        elif lane.timer is None:
             loop = asyncio.get_running_loop()
             if not self.max_in_flight:
-                self._timer = loop.call_later(self.interval, self.flush)
-            elif len(self._tasks) < self.max_in_flight:  # a batch may leave now
-                self._timer = loop.call_soon(self.flush)
-            else:  # gather until a batch ends (``_task_done``)
-                self._timer = loop.call_later(self.max_wait, self.flush)
+                lane.timer = loop.call_later(self.interval, self._flush, lane)
+            elif lane.flying < self.max_in_flight:  # a batch may leave now
+                lane.timer = loop.call_soon(self._flush, lane)
+            else:  # gather until one of the lane's batches ends (``_landed``), or for twice
+                # as long as its batches lately took: one stuck in its retries holds no one
+                wait = min(self.max_wait, max(self.interval, 2.0 * lane.took))
+                lane.timer = loop.call_later(wait, self._flush, lane)
 
     def _start_batch(self, items: Sequence[tuple[str, str, int]],
                      futs: list[asyncio.Future[AddResult]], run: RunOps) -> None:
@@ -312,36 +344,49 @@ class Batcher:
             op.waiters.append(fut)
             ops.append(op)
         if ops:
-            self._spawn(run, ops)
+            self._spawn(run(ops), ops)
 
     def _ended(self, op: PendingOp) -> None:
         self.order.end((op.table, op.key), op.kind == DELETE, op.coalesced)
 
-    def _spawn(self, run: RunOps, ops: list[PendingOp]) -> None:
-        task = asyncio.ensure_future(run(ops))
+    def _spawn(self, work: Awaitable[None], ops: list[PendingOp]) -> asyncio.Future[None]:
+        task = asyncio.ensure_future(work)
         self._tasks[task] = ops
         task.add_done_callback(self._task_done)
+        return task
 
     def _task_done(self, task: asyncio.Future[None]) -> None:
         # an op whose task was cancelled before it could start never heard of it
         for op in self._tasks.pop(task, ()):
             op.give_up(self.stats, closing=True)
-        if self.max_in_flight and self._ops and len(self._tasks) < self.max_in_flight:
-            self.flush()  # what gathered while every batch was out
+
+    def _landed(self, lane: _Lane, started: float, task: asyncio.Future[None]) -> None:
+        took = task.get_loop().time() - started
+        lane.took = took if not lane.took else 0.8 * lane.took + 0.2 * took
+        lane.flying -= 1
+        if self.max_in_flight and lane.ops and lane.flying < self.max_in_flight:
+            self._flush(lane)  # what gathered while the lane's batches were all out
+
+    def _flush(self, lane: _Lane) -> None:
+        if lane.timer is not None:
+            lane.timer.cancel()
+            lane.timer = None
+        if not lane.ops:
+            return
+        ops, lane.ops = lane.ops, []
+        lane.by_key.clear()
+        lane.flying += 1
+        task = self._spawn(self._run(ops, lane.leader), ops)
+        task.add_done_callback(functools.partial(self._landed, lane, task.get_loop().time()))
 
     def flush(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if not self._ops:
-            return
-        ops, self._ops = self._ops, []
-        self._by_key.clear()
-        self._spawn(self._run, ops)
+        """Send what every lane holds now."""
+        for lane in list(self._lanes.values()):
+            self._flush(lane)
 
     @property
     def in_flight(self) -> int:
-        return len(self._tasks) + (1 if self._ops else 0)
+        return len(self._tasks) + sum(1 for lane in self._lanes.values() if lane.ops)
 
     async def drain(self) -> None:
         """Send what is queued (and what waits for it) until every op has an outcome."""
@@ -355,13 +400,14 @@ class Batcher:
         """End every op now: waiting and queued ones as not applied (never sent), the ones in
         flight as their retry loop decides on cancellation (unknown if maybe sent)."""
         self._fail_parked()
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        ops, self._ops = self._ops, []
-        self._by_key.clear()
-        for op in ops:
-            op.give_up(self.stats, closing=True)
+        for lane in self._lanes.values():
+            if lane.timer is not None:
+                lane.timer.cancel()
+                lane.timer = None
+            ops, lane.ops = lane.ops, []
+            lane.by_key.clear()
+            for op in ops:
+                op.give_up(self.stats, closing=True)
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:

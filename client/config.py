@@ -20,11 +20,14 @@ Every field, its default and its constraint (durations are float seconds):
     max_backoff_interval = 0.5   the ceiling's ceiling (full jitter below it); >= backoff_interval
     batch_interval = 0.002  0 sends each op on its own; with ``max_batches_in_flight`` 0, ops
                             issued within this many seconds go out as one /v1/batch; >= 0
-    max_batches_in_flight = 2   batches out at once (each one request per leader): while fewer
-                            are out, ops go at the end of the loop turn they were issued in (a
-                            lone op waits for nobody); once that many are out, ops gather until
-                            one ends, or ``attempt_timeout`` passes, so batches grow with the
-                            load; 0: a batch every ``batch_interval`` instead; >= 0
+    max_batches_in_flight = 1   batches out at once to each leader (a request each): while
+                            fewer are out, ops go at the end of the loop turn they were issued
+                            in (a lone op waits for nobody); once that many are out, the
+                            leader's ops gather until one ends, so batches grow with the load,
+                            but for no longer than twice what its batches lately took (at least
+                            ``batch_interval``, at most ``attempt_timeout``): a stuck request
+                            or a slow node holds back only its leader's ops, for a few round
+                            trips; 0: a batch every ``batch_interval`` instead; >= 0
     max_batch_ops = 500     ops per batch request; >= 1
     coalesce = False        merge adds to the same key within a batch window into one op (one
                             op id): fewer ids, coarser outcomes
@@ -81,7 +84,7 @@ class ClientConfig:
     backoff_interval: float = 0.02
     max_backoff_interval: float = 0.5
     batch_interval: float = 0.002
-    max_batches_in_flight: int = 2
+    max_batches_in_flight: int = 1
     max_batch_ops: int = 500
     coalesce: bool = False
     discover: bool = True

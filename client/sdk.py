@@ -73,12 +73,12 @@ class CounterClient:
                                max_backoff_interval=config.max_backoff_interval,
                                stats=self.stats, rng=rng, send_age=config.send_age)
         interval = config.batch_interval
-        self.batcher = Batcher(self._new_op, self._run_routed, interval=interval,
+        self.batcher = Batcher(self._new_op, self._run_to, interval=interval,
                                max_ops=config.max_batch_ops if interval > 0 else 1,
                                coalesce=config.coalesce and interval > 0,
                                on_coalesce=self._count_coalesced, stats=self.stats,
                                max_in_flight=config.max_batches_in_flight,
-                               max_wait=config.attempt_timeout)
+                               max_wait=config.attempt_timeout, route=self._route)
         self._max_reads: dict[str, int] = {}  # node URL -> the max_reads it advertised
         self.opids: OpIdSource | None = None
         self._health_task: asyncio.Task[None] | None = None
@@ -214,14 +214,14 @@ class CounterClient:
             groups.setdefault(leader_url(op.table, op.key), []).append(op)
         return groups
 
-    async def _run_routed(self, ops: list[PendingOp]) -> None:
-        """Send auto-batched ops: one request per leader, each to that leader first."""
-        groups = self._by_leader(ops)
-        if len(groups) == 1:
-            (url, group), = groups.items()
-            await self.retry.run(group, prefer=url)
-        else:
-            await asyncio.gather(*(self.retry.run(g, prefer=u) for u, g in groups.items()))
+    def _route(self, table: str, key: str) -> str | None:
+        """The URL of the key's leader, where its auto-batched ops go first (None: not known
+        yet, or ``route_to_leader`` off: any node will do)."""
+        return self.pool.leader_url(table, key) if self.config.route_to_leader else None
+
+    async def _run_to(self, ops: list[PendingOp], leader: str | None) -> None:
+        """Send one lane's auto-batched ops: one request, to their leader first."""
+        await self.retry.run(ops, prefer=leader)
 
     def _count_coalesced(self) -> None:
         self.stats.coalesced += 1

@@ -23,15 +23,18 @@ async def wait_until(cond: Callable[[], bool], timeout: float) -> None:
 
 
 class Runs:
-    """A ``run`` that records each batch and ends it when ``end(i)`` is called."""
+    """A ``run`` that records each batch (and the leader it went to) and ends it when
+    ``end(i)`` is called."""
 
     def __init__(self) -> None:
         self.batches: list[list[PendingOp]] = []
+        self.leaders: list[str | None] = []
         self._ends: list[asyncio.Event] = []
 
-    async def __call__(self, ops: list[PendingOp]) -> None:
+    async def __call__(self, ops: list[PendingOp], leader: str | None) -> None:
         ended = asyncio.Event()
         self.batches.append(ops)
+        self.leaders.append(leader)
         self._ends.append(ended)
         await ended.wait()
         for op in ops:
@@ -46,15 +49,20 @@ class Runs:
 
 
 def batcher(runs: Runs, **kw: float) -> Batcher:
+    """Keys starting with "s" are led by node "slow", the others by node "fast"."""
     seq = itertools.count()
 
     def new_op(table: str, key: str, delta: int, kind: str) -> PendingOp:
         return PendingOp(table, key, delta, f"c:{next(seq)}", 0.0, 1e9, kind)
 
+    def route(table: str, key: str) -> str:
+        return "slow" if key.startswith("s") else "fast"
+
     args = {"interval": 60.0, "max_ops": 500, "max_in_flight": 2, "max_wait": 60.0, **kw}
     return Batcher(new_op, runs, interval=args["interval"], max_ops=int(args["max_ops"]),
                    coalesce=False, on_coalesce=lambda: None,
-                   max_in_flight=int(args["max_in_flight"]), max_wait=args["max_wait"])
+                   max_in_flight=int(args["max_in_flight"]), max_wait=args["max_wait"],
+                   route=route)
 
 
 async def test_a_lone_op_leaves_in_its_own_loop_turn() -> None:
@@ -125,8 +133,55 @@ async def test_a_full_batch_leaves_at_once_even_at_the_limit() -> None:
     runs.end(1)
 
 
+async def test_a_slow_leader_holds_back_only_the_ops_it_leads() -> None:
+    """Each leader's ops have a lane of their own: with both of one node's batches out (it
+    does not answer), another node's ops still leave as soon as they are issued, and a batch
+    is one request to one leader."""
+    runs = Runs()
+    b = batcher(runs)
+    b.add("t", "s1", 1)
+    await wait_until(lambda: runs.sizes == [1], timeout=5)
+    b.add("t", "s2", 1)
+    await wait_until(lambda: runs.sizes == [1, 1], timeout=5)
+    b.add("t", "s3", 1)  # the slow node's lane is full: this one gathers
+    fast = [b.add("t", f"f{i}", 1) for i in range(3)]
+    await wait_until(lambda: len(runs.sizes) == 3, timeout=5)
+    assert runs.sizes == [1, 1, 3] and runs.leaders == ["slow", "slow", "fast"]
+    runs.end(2)
+    assert [(await f).delta for f in fast] == [1, 1, 1]
+    b.add("t", "f9", 1)  # the fast node's lane is free again: out at once
+    await wait_until(lambda: len(runs.sizes) == 4, timeout=5)
+    assert runs.leaders[3] == "fast"
+    runs.end(0)  # the slow node answers one: what gathered for it leaves
+    await wait_until(lambda: len(runs.sizes) == 5, timeout=5)
+    assert runs.leaders[4] == "slow" and runs.sizes[4] == 1
+    for i in (1, 3, 4):
+        runs.end(i)
+
+
+async def test_a_stuck_batch_holds_its_lane_for_twice_what_batches_lately_took() -> None:
+    """Batches that ended at once teach the lane a short round trip; one that then never
+    ends holds the ops gathered behind it for about twice that (here ``interval``, 20 ms),
+    not for ``max_wait`` (a minute)."""
+    runs = Runs()
+    b = batcher(runs, max_in_flight=1, interval=0.02)
+    for i in range(3):
+        done = b.add("t", f"k{i}", 1)
+        await wait_until(lambda i=i: len(runs.sizes) == i + 1, timeout=5)
+        runs.end(i)
+        await done
+    b.add("t", "a", 1)  # batch 3: never answered
+    await wait_until(lambda: len(runs.sizes) == 4, timeout=5)
+    late = b.add("t", "b", 1)
+    await wait_until(lambda: len(runs.sizes) == 5, timeout=5)  # left after ~20 ms
+    assert runs.sizes[4] == 1 and b.in_flight == 2
+    runs.end(4)
+    assert (await late).delta == 1
+    runs.end(3)
+
+
 def test_max_batches_in_flight_is_validated() -> None:
-    assert ClientConfig(nodes=("h:1",)).max_batches_in_flight == 2
+    assert ClientConfig(nodes=("h:1",)).max_batches_in_flight == 1
     assert ClientConfig(nodes=("h:1",), max_batches_in_flight=0).max_batches_in_flight == 0
     for bad in (-1, 1.5, True):
         with pytest.raises(ConfigurationError, match="max_batches_in_flight"):

@@ -130,9 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--total-timeout", type=float, default=10.0,
                    help="per op; clipped to the cluster's advertised window")
     w.add_argument("--batch-interval", type=float, default=0.002)
-    w.add_argument("--max-batches-in-flight", type=int, default=2,
-                   help="the SDK's setting: batches out at once per client before ops gather "
-                        "(0: a batch every --batch-interval)")
+    w.add_argument("--max-batches-in-flight", type=int, default=1,
+                   help="the SDK's setting (its default: 1): batches out at once to each "
+                        "leader before its ops gather (0: a batch every --batch-interval)")
     w.add_argument("--coalesce", action="store_true")
     w.add_argument("--no-age", action="store_true",
                    help="do not send age_ms (nodes then never answer op_expired; needed "

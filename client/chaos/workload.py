@@ -79,7 +79,7 @@ class WorkloadConfig:
     attempt_timeout: float = 0.5
     total_timeout: float = 10.0
     batch_interval: float = 0.002
-    max_batches_in_flight: int = 2
+    max_batches_in_flight: int = 1
     coalesce: bool = False
     send_age: bool = True
 
