@@ -48,6 +48,14 @@ class Runs:
         return [len(b) for b in self.batches]
 
 
+async def out_one_by_one(b: Batcher, runs: Runs, *keys: str) -> None:
+    """An add of each key, each waited for until its batch has left (a batch each)."""
+    for key in keys:
+        sent = len(runs.sizes)
+        b.add("t", key, 1)
+        await wait_until(lambda sent=sent: len(runs.sizes) == sent + 1, timeout=5)
+
+
 def batcher(runs: Runs, **kw: float) -> Batcher:
     """Keys starting with "s" are led by node "slow", the others by node "fast"."""
     seq = itertools.count()
@@ -79,10 +87,7 @@ async def test_a_lone_op_leaves_in_its_own_loop_turn() -> None:
 async def test_ops_gather_while_every_batch_is_out_and_leave_when_one_ends() -> None:
     runs = Runs()
     b = batcher(runs)
-    b.add("t", "a", 1)
-    await wait_until(lambda: runs.sizes == [1], timeout=5)
-    b.add("t", "b", 1)
-    await wait_until(lambda: runs.sizes == [1, 1], timeout=5)
+    await out_one_by_one(b, runs, "a", "b")
     later = []
     for i in range(5):  # two batches out: these gather, over several loop turns
         later.append(b.add("t", f"c{i}", 2))
@@ -139,10 +144,7 @@ async def test_a_slow_leader_holds_back_only_the_ops_it_leads() -> None:
     is one request to one leader."""
     runs = Runs()
     b = batcher(runs)
-    b.add("t", "s1", 1)
-    await wait_until(lambda: runs.sizes == [1], timeout=5)
-    b.add("t", "s2", 1)
-    await wait_until(lambda: runs.sizes == [1, 1], timeout=5)
+    await out_one_by_one(b, runs, "s1", "s2")
     b.add("t", "s3", 1)  # the slow node's lane is full: this one gathers
     fast = [b.add("t", f"f{i}", 1) for i in range(3)]
     await wait_until(lambda: len(runs.sizes) == 3, timeout=5)
