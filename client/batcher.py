@@ -9,8 +9,8 @@ out, the lane's ops gather until one of them ends, so batches grow with the load
 cost per op falls. They wait at most twice as long as the lane's batches have lately taken (at
 least ``interval``, at most ``max_wait``): a batch stuck in its retries holds the lane's new ops
 back for a few round trips, not for its whole attempt, and a slow node holds back only the ops
-it leads. With ``max_in_flight`` 0, a
-lane's ops issued within ``interval`` seconds leave together, whatever is out.
+it leads. With ``max_in_flight`` 0, a lane's ops issued within ``interval`` seconds leave
+together, whatever is out.
 
 With ``coalesce``, adds to the same key inside one batch window merge into one op with one op id
 (the "delayed batched requests" of seed 003): fewer ids and smaller batches, at the price that
